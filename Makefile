@@ -1,0 +1,31 @@
+# The README's two commands. Both set kernel_env up first (scripts/setup.sh: system tools,
+# Python 3.12, .venv, torch, `pip install -e '.[test]'`); the set-up is skipped in about a
+# second when pyproject.toml and the Python used have not changed.
+#
+#   make demo   run the bundled example task with its bundled solution: cuda on a GPU machine,
+#               cpp (on the CPU) elsewhere
+#   make test   the CPU test suite (GPU tests: .venv/bin/pytest -m gpu tests/gpu on a GPU machine)
+
+SHELL := /bin/bash
+VENV ?= .venv
+export VENV
+# A GPU machine runs the cuda solution; any other machine the cpp one, on the CPU.
+DEMO_LANGUAGE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpp)
+PYTEST_ARGS ?=
+
+.PHONY: help setup demo test
+
+help:
+	@echo "make demo   set up, then run example/relu_add with its bundled $(DEMO_LANGUAGE) solution"
+	@echo "make test   set up, then run the CPU test suite"
+	@echo "make setup  only the set-up (.venv, torch, kernel_env, bubblewrap, ripgrep)"
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/kernel-env run-task example/relu_add --language $(DEMO_LANGUAGE) \
+		--solution examples/relu_add/solutions/$(DEMO_LANGUAGE)
+
+test: setup
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

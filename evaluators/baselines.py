@@ -1,0 +1,50 @@
+"""Baseline timings (eager PyTorch and torch.compile), measured once and cached on disk.
+
+Keyed by (task content hash, device name, torch version, timing protocol version): a
+different GPU model, torch build or timing protocol is a different baseline. Measured by the same protocol as candidates
+(``timing.time_calls`` in an isolated reference process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+from kernel_env.evaluators.records import Timing
+from kernel_env.evaluators.timing import PROTOCOL_VERSION
+from kernel_env.config import cache_dir
+
+
+class BaselineCache:
+    def __init__(self, directory: str | Path | None = None):
+        self.directory = Path(directory) if directory else cache_dir() / "baselines"
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(task_code: str, device_name: str, torch_version: str) -> str:
+        raw = json.dumps([hashlib.sha256(task_code.encode()).hexdigest(), device_name, torch_version, PROTOCOL_VERSION])
+        return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def get(self, key: str) -> tuple[Timing, Timing | None] | None:
+        try:
+            record = json.loads(self._path(key).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        compiled = record.get("compile")
+        return Timing(**record["eager"]), Timing(**compiled) if compiled else None
+
+    def put(self, key: str, eager: Timing, compiled: Timing | None) -> None:
+        with self._lock:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            record = {"eager": eager.model_dump(), "compile": compiled.model_dump() if compiled else None}
+            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            with os.fdopen(fd, "w") as handle:
+                json.dump(record, handle)
+            os.replace(tmp, self._path(key))

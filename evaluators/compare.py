@@ -1,0 +1,78 @@
+"""Output comparison for the correctness check (trusted side only: never imported by candidates).
+
+The KernelBench rule with no loopholes: same structure, same shape, same dtype, and every
+element within atol + rtol * |ref|; a NaN or Inf in the candidate must be matched by the
+same value at the same place in the reference, and a NaN never passes where the reference
+is finite.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernel_env.evaluators.records import TrialReport
+
+
+def flatten_outputs(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def compare_outputs(trial: int, reference, candidate, atol: float, rtol: float) -> TrialReport:
+    refs, cands = flatten_outputs(reference), flatten_outputs(candidate)
+    if len(refs) != len(cands):
+        return TrialReport(trial=trial, correct=False, message=f"returned {len(cands)} outputs, expected {len(refs)}")
+    for index, (ref, cand) in enumerate(zip(refs, cands)):
+        label = f"output {index}" if len(refs) > 1 else "output"
+        if not isinstance(cand, torch.Tensor):
+            return TrialReport(trial=trial, correct=False, message=f"{label} is a {type(cand).__name__}, not a tensor")
+        if type(cand) is not torch.Tensor and not isinstance(cand, torch.nn.Parameter):
+            return TrialReport(trial=trial, correct=False, message=f"{label} is a tensor subclass ({type(cand).__name__}); return a plain tensor")
+        if tuple(cand.shape) != tuple(ref.shape):
+            return TrialReport(trial=trial, correct=False, message=f"{label} has shape {tuple(cand.shape)}, expected {tuple(ref.shape)}")
+        if cand.dtype != ref.dtype:
+            return TrialReport(trial=trial, correct=False, message=f"{label} has dtype {cand.dtype}, expected {ref.dtype}")
+        report = _compare_tensor(trial, label, ref.detach().cpu(), cand.detach().cpu(), atol, rtol)
+        if not report.correct:
+            return report
+    return TrialReport(trial=trial, correct=True)
+
+
+def _compare_tensor(trial: int, label: str, ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol: float) -> TrialReport:
+    if ref.is_complex() or not ref.is_floating_point():
+        equal = torch.equal(ref, cand)
+        if equal:
+            return TrialReport(trial=trial, correct=True)
+        bad = (ref != cand).nonzero()
+        first = bad[0].tolist() if len(bad) else None
+        return TrialReport(trial=trial, correct=False, first_bad_index=first,
+                           message=f"{label}: {len(bad)} elements differ (exact match required for {ref.dtype})")
+    ref64, cand64 = ref.double(), cand.double()
+    ref_nan, cand_nan = ref64.isnan(), cand64.isnan()
+    ref_fin, cand_fin = ref64.isfinite(), cand64.isfinite()
+    both_finite = ref_fin & cand_fin
+    diff = torch.zeros_like(ref64)
+    diff[both_finite] = (ref64[both_finite] - cand64[both_finite]).abs()
+    tolerance = atol + rtol * ref64.abs()
+    close = both_finite & (diff <= tolerance)
+    # Non-finite values pass only where the reference has the very same value.
+    same_special = (ref_nan & cand_nan) | (~ref_fin & ~ref_nan & (ref64 == cand64))
+    ok = close | same_special
+    finite_diff = diff[both_finite]
+    max_abs = float(finite_diff.max()) if finite_diff.numel() else 0.0
+    rel = finite_diff / ref64[both_finite].abs().clamp_min(1e-12)
+    max_rel = float(rel.max()) if rel.numel() else 0.0
+    if bool(ok.all()):
+        return TrialReport(trial=trial, correct=True, max_abs_error=max_abs, max_rel_error=max_rel)
+    bad = (~ok).nonzero()
+    first = bad[0].tolist()
+    n_bad = len(bad)
+    at = tuple(first)
+    extra = ""
+    if bool((cand_nan & ~ref_nan).any()):
+        extra = f"; {int((cand_nan & ~ref_nan).sum())} NaN where the reference is not NaN"
+    return TrialReport(
+        trial=trial, correct=False, max_abs_error=max_abs, max_rel_error=max_rel, first_bad_index=first,
+        message=(f"{label}: {n_bad} of {ref.numel()} elements outside atol={atol:g}, rtol={rtol:g}; "
+                 f"max abs error {max_abs:.4g}, max rel error {max_rel:.4g}; first bad index {list(at)}: "
+                 f"got {cand64[at].item():.6g}, expected {ref64[at].item():.6g}{extra}"),
+    )

@@ -1,0 +1,153 @@
+"""Run-time rule enforcement inside the candidate process (defence in depth).
+
+- ``TorchComputeAudit``: a dispatch mode that sees every ATen operator a forward runs, from
+  Python *and* from C++ extensions, and records those that compute (anything but
+  allocation, views, copies and fills). The skill forbids torch compute in ModelNew.forward.
+- ``KernelLaunchCounter``: counts Triton kernel launches (compiled or interpreted), so a
+  Triton candidate that never launches a kernel is caught.
+- ``Integrity``: identities of the functions and classes the harness relies on, taken before
+  the candidate is imported and compared afterwards, so monkey-patching a timer, a
+  comparison or a random-number generator is reported.
+
+None of this is the last line: the parent process never trusts what the child reports
+about correctness (it compares outputs itself) and checks timing against its own clock.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# ATen operators that move, allocate, view or fill memory but do not compute. Compared on
+# the overload packet's name, e.g. "empty_like" for aten.empty_like.default.
+ALLOWED_ATEN = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "ones", "ones_like",
+    "full", "full_like", "new_zeros", "new_ones", "new_full", "fill_", "zero_", "fill",
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "expand", "permute", "transpose", "t", "squeeze",
+    "unsqueeze", "flatten", "unflatten", "slice", "select", "narrow", "split", "split_with_sizes", "chunk", "unbind",
+    "view_as", "alias", "detach", "contiguous", "clone", "copy_", "_to_copy", "to", "lift_fresh", "_local_scalar_dense",
+    "size", "stride", "numel", "dim", "is_contiguous", "resize_", "set_", "item", "sym_size", "sym_stride", "sym_numel",
+    "record_stream", "empty_permuted", "_copy_from", "_copy_from_and_resize", "as_strided_", "unsafe_split",
+    "_unsafe_index", "diagonal", "movedim", "expand_as", "view_as_real", "view_as_complex", "_conj", "conj",
+    "resolve_conj", "resolve_neg", "is_same_size", "equal", "_has_compatible_shallow_copy_type", "result_type",
+    "scalar_tensor", "arange",
+})
+
+
+class TorchComputeAudit(TorchDispatchMode):
+    """Records the computing ATen operators run while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.forbidden: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+        if name not in ALLOWED_ATEN:
+            self.forbidden[name] = self.forbidden.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+class KernelLaunchCounter:
+    """Counts Triton launches by wrapping the launch entry points (installed before candidate import)."""
+
+    def __init__(self):
+        self.launches = 0
+        self._installed = False
+
+    def install(self) -> None:
+        try:
+            from triton.runtime import interpreter, jit
+        except ImportError:
+            return
+        counter = self
+        for cls in (jit.JITFunction, interpreter.InterpretedFunction):
+            original = cls.run
+
+            def run(self, *args, __original=original, **kwargs):
+                counter.launches += 1
+                return __original(self, *args, **kwargs)
+
+            run.__wrapped__ = original
+            cls.run = run
+        self._installed = True
+
+
+def _identities(obj) -> dict[str, int]:
+    try:
+        return {name: id(value) for name, value in vars(obj).items()}
+    except TypeError:
+        return {}
+
+
+def _watched() -> dict[str, object]:
+    import math
+    import time
+
+    watched = {
+        "torch": torch, "torch.Tensor": torch.Tensor, "torch.nn.functional": torch.nn.functional,
+        "torch.nn.Module": torch.nn.Module, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
+        "torch.testing": torch.testing, "torch.random": torch.random, "time": time, "math": math,
+        "torch.backends.cudnn": torch.backends.cudnn, "torch.backends.cuda.matmul": torch.backends.cuda.matmul,
+    }
+    for name in ("timing", "guards", "__main__"):
+        module = sys.modules.get(name)
+        if isinstance(module, types.ModuleType):
+            watched[name] = module
+            # The harness's classes too: replacing a method is as good as replacing a function.
+            for attr, value in vars(module).items():
+                if isinstance(value, type) and value.__module__ == module.__name__:
+                    watched[f"{name}.{attr}"] = value
+    try:
+        from triton.runtime import interpreter, jit
+
+        watched["triton.JITFunction"] = jit.JITFunction
+        watched["triton.InterpretedFunction"] = interpreter.InterpretedFunction
+    except ImportError:
+        pass
+    return watched
+
+
+def preload() -> None:
+    """Import what honest code imports lazily and what patches torch on import (torch._dynamo
+    wraps torch.manual_seed), so the snapshot below is taken of the settled state."""
+    import torch._dynamo  # noqa: F401
+
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except ImportError:
+        pass
+
+
+class Integrity:
+    """Snapshot of what the harness relies on; ``changes()`` lists what was replaced since."""
+
+    def __init__(self):
+        preload()
+        self._objects = _watched()
+        self._snapshot = {name: _identities(obj) for name, obj in self._objects.items()}
+        self._flags = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+                       torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
+        self._threads = {t.ident for t in threading.enumerate()}
+
+    def changes(self) -> list[str]:
+        found = []
+        for name, obj in self._objects.items():
+            now = _identities(obj)
+            before = self._snapshot[name]
+            # Only replacements count: lazily imported submodules legitimately add attributes.
+            replaced = sorted(k for k in before if k in now and now[k] != before[k] and not k.startswith("__"))
+            found += [f"{name}.{key} was replaced" for key in replaced[:5]]
+        flags = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+                 torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
+        if flags != self._flags:
+            found.append("global torch settings (tf32, default dtype, determinism) were changed")
+        return found
+
+    def new_threads(self) -> list[str]:
+        return [t.name for t in threading.enumerate() if t.ident not in self._threads and t.is_alive()]

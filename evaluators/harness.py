@@ -1,0 +1,295 @@
+"""The trusted harness: one evaluation job from snapshot to EvalResult.
+
+This module never imports candidate code. It starts two isolated child processes
+(``runner.py``): the reference process runs the task alone and writes its outputs where
+the candidate cannot look; the candidate process runs ModelNew on the same seeded weights
+and the same fresh random inputs. This process compares the outputs itself, checks the
+candidate's timing against its own clock and the outputs of timed calls against the
+reference, applies the rules, and computes the reward.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import stat
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from kernel_env.evaluators.baselines import BaselineCache
+from kernel_env.evaluators.compare import compare_outputs
+from kernel_env.evaluators.isolation import Child, ChildError
+from kernel_env.evaluators.records import EvalJob, EvalResult, Mode, Timing
+from kernel_env.evaluators.reward import reward as compute_reward
+from kernel_env.evaluators.static_rules import check_sources
+from kernel_env.evaluators.timing import fingerprints_match
+from kernel_env.languages import get_language
+
+_MAX_OUTPUT_FILE = 4 << 30
+# What the parent's clock may see beyond a timed call's own marks: two pipe messages and
+# the scheduler, per call, plus a proportional margin.
+_WALL_SLACK_RATIO = 1.5
+_WALL_SLACK_MS = 1.0
+
+
+class JobFailed(Exception):
+    """Ends a job early with a result already filled in."""
+
+
+def _timing(times: list[float]) -> Timing:
+    return Timing(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times), calls=len(times))
+
+
+def _seeds(count: int) -> list[int]:
+    return [secrets.randbits(31) for _ in range(count)]
+
+
+def evaluate(job: EvalJob, *, device: str | None = None, baselines: BaselineCache | None = None,
+             reward_kind: str = "milestone") -> EvalResult:
+    """Evaluate one job on ``device`` (``cuda:N`` or ``cpu``); every failure becomes a result."""
+    started = time.monotonic()
+    device = device or ("cuda:0" if job.device == "cuda" else "cpu")
+    result = EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
+                        mode=job.mode, snapshot_hash=job.snapshot_hash)
+    job_dir = Path(tempfile.mkdtemp(prefix=f"job-{job.job_id}-"))
+    try:
+        _Evaluation(job, result, job_dir, device, baselines or BaselineCache()).run()
+    except JobFailed:
+        pass
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+    if result.error or result.violations:
+        result.correct = False
+    s = job.settings
+    result.reward = compute_reward(reward_kind, result.correct, result.runtime_ms, result.eager_ms, result.compile_ms, s.speedup_margin)
+    result.duration_s = round(time.monotonic() - started, 3)
+    return result
+
+
+class _Evaluation:
+    def __init__(self, job: EvalJob, result: EvalResult, job_dir: Path, device: str, baselines: BaselineCache):
+        self.job, self.result, self.dir, self.device, self.baselines = job, result, job_dir, device, baselines
+        self.s = job.settings
+        self.language = get_language(job.language)
+        self.timed = job.mode in (Mode.PROFILE, Mode.FINAL)
+        self.gpu = device.startswith("cuda")
+        self.env = {"CUDA_VISIBLE_DEVICES": device.split(":")[1] if self.gpu else ""}
+        if not self.gpu and self.language.name == "triton":
+            self.env["TRITON_INTERPRET"] = "1"
+        self.child_device = "cuda:0" if self.gpu else "cpu"
+        for name in ("ref", "cand"):
+            (job_dir / name).mkdir()
+
+    def fail(self, message: str, *, compiled: bool = True, log: str = "") -> None:
+        self.result.error = message
+        self.result.compiled = compiled
+        self.result.log_tail = log
+        raise JobFailed
+
+    def run(self) -> None:
+        if not (self.job.snapshot_dir / "model_new.py").is_file():
+            self.fail("the workspace has no model_new.py", compiled=False)
+        broken = check_sources(self.job.snapshot_dir)
+        if broken:
+            self.result.violations += broken
+            self.fail("the sources break the skill's rules (see the violations); nothing was run")
+        trial_seeds = _seeds(self.s.trials)
+        timed_seeds = _seeds(self.s.timed_calls)
+        checked = sorted(secrets.SystemRandom().sample(range(len(timed_seeds)), min(self.s.checked_timed_calls, len(timed_seeds))))
+        fp_seed = secrets.randbits(31)
+        init_seed = secrets.randbits(31)
+        reference = self.run_reference(trial_seeds, [timed_seeds[i] for i in checked], fp_seed, init_seed)
+        self.run_candidate(trial_seeds, timed_seeds, checked, fp_seed, init_seed, reference)
+
+    # ------------------------------------------------------------------ reference
+
+    def run_reference(self, trial_seeds, checked_seeds, fp_seed, init_seed) -> dict:
+        child = Child("reference", self.dir, ro_binds={}, rw_binds={"/job/ref": self.dir / "ref"}, env=self.env, gpu=self.gpu)
+        try:
+            return self._reference_steps(child, trial_seeds, checked_seeds, fp_seed, init_seed)
+        except ChildError as exc:
+            self.fail(f"the reference task failed, not your code: {exc}", log=child.log_tail())
+        finally:
+            child.close()
+
+    def _reference_steps(self, child: Child, trial_seeds, checked_seeds, fp_seed, init_seed) -> dict:
+        setup = self._ask(child, "setup", "running the reference task", device=self.child_device,
+                          out_dir=child.path("/job/ref"), task_code=self.job.task_code)
+        self.result.device_name = setup["device_name"]
+        self._ask(child, "ref_init", "building the reference Model", init_seed=init_seed)
+        trials = self._ask(child, "ref_trials", "running the reference Model", seeds=trial_seeds)["trials"]
+        prints = []
+        if self.timed:
+            self.result.eager, self.result.compiled_baseline = self.baseline_times(child, setup)
+            prints = self._ask(child, "ref_fingerprints", "running the reference Model", seeds=checked_seeds, fp_seed=fp_seed)["fingerprints"]
+        return {"trials": trials, "fingerprints": prints}
+
+    def baseline_times(self, child: Child, setup: dict) -> tuple[Timing, Timing | None]:
+        key = self.baselines.key(self.job.task_code, setup["device_name"], setup["torch"])
+        cached = self.baselines.get(key)
+        if cached:
+            return cached
+        timings = []
+        for target in ("eager", "compile") if self.s.compile_baseline else ("eager",):
+            answer = self._ask(child, "ref_time", f"timing the reference ({target})", target=target,
+                               seeds=_seeds(self.s.timed_calls), warmup_seeds=_seeds(self.s.warmup_calls),
+                               flush_bytes=self._flush_bytes(), fp_seed=0, timeout=self.s.job_timeout_s)
+            timings.append(_timing(answer["times_ms"]))
+        eager, compiled = timings[0], (timings[1] if len(timings) > 1 else None)
+        self.baselines.put(key, eager, compiled)
+        return eager, compiled
+
+    def _flush_bytes(self) -> int:
+        return self.s.flush_bytes if self.gpu else min(self.s.flush_bytes, 32 << 20)
+
+    # ------------------------------------------------------------------ candidate
+
+    def run_candidate(self, trial_seeds, timed_seeds, checked, fp_seed, init_seed, reference) -> None:
+        s, result = self.s, self.result
+        for name in ("init_inputs.pt", "state_dict.pt"):
+            shutil.copy2(self.dir / "ref" / name, self.dir / "cand" / name)
+        child = Child("candidate", self.dir, ro_binds={"/job/snapshot": self.job.snapshot_dir.resolve()},
+                      rw_binds={"/job/cand": self.dir / "cand"}, env=self.env, gpu=self.gpu)
+        try:
+            self._ask(child, "setup", "starting the candidate process", device=self.child_device,
+                      out_dir=child.path("/job/cand"), task_code=self.job.task_code)
+            cand_dir = child.path("/job/cand")
+            loaded = self._ask(child, "cand_load", "loading ModelNew", snapshot=child.path("/job/snapshot"), language=self.language.name,
+                               init_inputs=f"{cand_dir}/init_inputs.pt", state_dict=f"{cand_dir}/state_dict.pt", init_seed=init_seed)
+            if loaded.get("error"):
+                self.fail(loaded["error"], log=child.log_tail())
+            if loaded["shape_mismatch"]:
+                result.violations.append(f"weights with the reference's names but other shapes: {', '.join(loaded['shape_mismatch'][:5])}")
+            trials = self._ask(child, "cand_trials", "running ModelNew", seeds=trial_seeds)
+            if trials.get("error"):
+                self.fail(trials["error"], log=child.log_tail())
+            self.check_trials(reference["trials"], trials["trials"])
+            if self.timed and result.correct and not result.violations:
+                self.time_candidate(child, timed_seeds, checked, fp_seed, reference["fingerprints"])
+            integrity = self._ask(child, "cand_integrity", "checking the candidate process")
+            result.violations += [f"ModelNew changed the harness: {c}" for c in integrity["changes"]]
+            if integrity["new_threads"]:
+                result.violations.append(f"ModelNew left threads running ({', '.join(integrity['new_threads'][:3])}); work must finish inside forward")
+        except ChildError as exc:
+            self.fail(str(exc), log=child.log_tail())
+        finally:
+            child.close()
+
+    def check_trials(self, ref_trials: list[dict], cand_trials: list[dict]) -> None:
+        s, result = self.s, self.result
+        for index, (ref, cand) in enumerate(zip(ref_trials, cand_trials)):
+            if cand["non_tensor_outputs"]:
+                result.trials.append(_bad(index, f"returned {', '.join(cand['non_tensor_outputs'])} instead of plain tensors"))
+                break
+            expected = _load_tensors(self.dir / "ref" / f"ref_trial_{index}.pt")
+            try:
+                got = _load_tensors(self.dir / "cand" / f"cand_trial_{index}.pt")
+            except (OSError, ValueError, RuntimeError, EOFError) as exc:
+                self.fail(f"the output of trial {index + 1} could not be read back ({type(exc).__name__}: {exc}); "
+                          "the candidate process must not touch the harness's files")
+            report = compare_outputs(index, expected, got, s.atol, s.rtol)
+            result.trials.append(report)
+            if cand["mutated_inputs"] and not ref["mutated_inputs"]:
+                result.violations.append("ModelNew.forward modified its input tensors in place (the reference does not)")
+            self.check_rules([cand], expected=1, when="")
+            if not report.correct or result.violations:
+                break
+        result.violations = list(dict.fromkeys(result.violations))
+        result.correct = bool(result.trials) and all(t.correct for t in result.trials) and len(result.trials) == s.trials
+
+    def check_rules(self, audits: list[dict], *, expected: int, when: str) -> None:
+        """Rule violations seen by audited calls (the trials, and secret positions of the timing run)."""
+        result = self.result
+        suffix = f" ({when})" if when else ""
+        if len(audits) != expected:
+            result.violations.append(f"the audited calls were not all reported{suffix}: the audit was interfered with")
+            return
+        for found in audits:
+            if found.get("torch_ops"):
+                ops = ", ".join(f"{name} x{count}" for name, count in sorted(found["torch_ops"].items())[:8])
+                result.violations.append(f"torch computes inside ModelNew.forward{suffix} ({ops}); all compute must be in your own kernels")
+            if self.language.name == "triton" and found.get("triton_launches", 0) == 0:
+                result.violations.append(f"ModelNew.forward launched no Triton kernel{suffix}; compute must happen in Triton kernels")
+        result.violations = list(dict.fromkeys(result.violations))
+
+    def time_candidate(self, child: Child, timed_seeds, checked, fp_seed, ref_prints) -> None:
+        s, result = self.s, self.result
+        warm = self._ask(child, "cand_warmup", "warming up ModelNew", seeds=_seeds(s.warmup_calls), timeout=s.job_timeout_s)
+        if warm.get("error"):
+            self.fail(warm["error"], log=child.log_tail())
+        audit_at = sorted(secrets.SystemRandom().sample(range(len(timed_seeds)), min(s.audited_timed_calls, len(timed_seeds))))
+        answer, marks = child.call("cand_time", s.job_timeout_s, seeds=timed_seeds, warmup_seeds=[],
+                                  flush_bytes=self._flush_bytes(), fp_seed=fp_seed, audit_at=audit_at)
+        if not answer.get("ok") or answer.get("error"):
+            self.fail(answer.get("error") or "timing failed", log=child.log_tail())
+        times, prints = answer["times_ms"], answer["fingerprints"]
+        self.check_rules(answer.get("audits", []), expected=len(audit_at), when="during timing")
+        if result.violations:
+            result.correct = False
+            return
+        if len(times) != len(timed_seeds) or len(prints) != len(timed_seeds):
+            result.violations.append("the timing run returned the wrong number of measurements")
+            return
+        for position, index in enumerate(checked):
+            if not fingerprints_match(ref_prints[position], prints[index], s.atol, s.rtol):
+                result.violations.append(f"timed call {index} returned a wrong result (the output of a timed call must be correct too)")
+                result.correct = False
+                return
+        result.runtime = _timing(times)
+        problem = _clock_mismatch(times, marks)
+        if problem:
+            result.violations.append(problem)
+            result.correct = False
+
+    def _ask(self, child: Child, cmd: str, doing: str, timeout: float | None = None, **payload) -> dict:
+        answer, _ = child.call(cmd, timeout or self.s.step_timeout_s, **payload)
+        if not answer.get("ok"):
+            self.fail(f"{doing} failed: {answer.get('error')}", log=child.log_tail())
+        return answer
+
+
+def _load_tensors(path: Path):
+    """Load a tensor file a child wrote, trusting nothing about it: a regular file (no link, fifo or
+    device), of bounded size, holding plain tensors only."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > _MAX_OUTPUT_FILE:
+            raise ValueError(f"{info.st_size} bytes is more than any output may take")
+        try:
+            return torch.load(handle, weights_only=True, map_location="cpu")
+        except Exception as exc:  # pickle errors of every kind: the file is not ours
+            raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+
+def _clock_mismatch(times: list[float], marks: list[tuple[str, int, float]]) -> str | None:
+    """Compare what the candidate's process measured with what this process's clock saw.
+
+    The child announces each timed call just before its start mark and just after its end
+    mark; the arrival times bracket the call from outside the candidate's reach. A call cannot
+    take less wall time than its marks claim, so claimed times far below the bracketed ones mean
+    a patched timer or work hidden from the marks.
+    """
+    starts = {k: t for kind, k, t in marks if kind == "start"}
+    ends = {k: t for kind, k, t in marks if kind == "end"}
+    if sorted(starts) != list(range(len(times))) or sorted(ends) != list(range(len(times))):
+        return "the timing run did not report every timed call (the timing protocol was interfered with)"
+    observed_ms = sum((ends[k] - starts[k]) * 1e3 for k in range(len(times)))
+    claimed_ms = sum(times)
+    if observed_ms > _WALL_SLACK_RATIO * claimed_ms + _WALL_SLACK_MS * len(times):
+        return (f"timing does not add up: the timed calls claim {claimed_ms:.3f} ms in total but an independent "
+                f"clock saw {observed_ms:.3f} ms (patched timer or hidden work?)")
+    return None
+
+
+def _bad(index: int, message: str):
+    from kernel_env.evaluators.records import TrialReport
+
+    return TrialReport(trial=index, correct=False, message=message)

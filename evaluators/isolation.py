@@ -1,0 +1,170 @@
+"""Starting evaluation child processes in isolation, and talking to them.
+
+Each child (``runner.py reference|candidate``) runs in its own bubblewrap sandbox: the
+toolchain read-only, the runner's directory read-only, exactly the job directories it
+needs (read-only or writable), the GPU device nodes, a private /tmp, no network, and the
+sandbox's resource limits. Without bubblewrap it runs as a plain child process (the agent
+sandbox has already warned about that).
+
+The parent speaks JSON lines to the child's stdin and reads answers from a private pipe;
+the child's stdout and stderr (the candidate's prints) go to a log file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kernel_env.sandbox.bwrap import base_argv, bubblewrap_problem, gpu_device_binds
+from kernel_env.sandbox.limits import Cgroup, Limits
+
+RUNNER_DIR = Path(__file__).resolve().parent
+
+
+class ChildError(RuntimeError):
+    """The child died, hung or broke the protocol; the message says which."""
+
+
+class Child:
+    """One isolated evaluation process."""
+
+    def __init__(self, role: str, job_dir: Path, *, ro_binds: dict[str, Path], rw_binds: dict[str, Path],
+                 env: dict[str, str], gpu: bool, limits: Limits | None = None):
+        self.role = role
+        self.log_path = job_dir / f"{role}.log"
+        self.limits = limits or Limits(memory_bytes=64 << 30, address_space_bytes=1 << 45, processes=4096)
+        read_fd, write_fd = os.pipe()
+        self._reply_fd = read_fd
+        self._buffer = b""
+        runner = [sys.executable, "-I", "-B"]
+        child_env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/cuda/bin:/usr/bin:/bin", "HOME": "/tmp/home",
+            "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+            "KE_REPLY_FD": str(write_fd), **env,
+        }
+        isolated = bubblewrap_problem() is None
+        if isolated:
+            argv = base_argv(job_dir / f".{role}-identity", extra_ro_binds=())
+            argv += gpu_device_binds() if gpu else []
+            argv += ["--ro-bind", str(RUNNER_DIR), "/run/kernel_env/evaluators"]
+            for target, source in ro_binds.items():
+                argv += ["--ro-bind", str(source), target]
+            for target, source in rw_binds.items():
+                argv += ["--bind", str(source), target]
+            argv += ["--chdir", "/tmp", "--clearenv"]
+            for key, value in child_env.items():
+                argv += ["--setenv", key, value]
+            argv += runner + ["/run/kernel_env/evaluators/runner.py", role]
+            popen_env = {"PATH": "/usr/bin:/bin"}
+            self.paths = {target: target for target in (*ro_binds, *rw_binds)}
+        else:
+            argv = runner + [str(RUNNER_DIR / "runner.py"), role]
+            popen_env = {**os.environ, **child_env}
+            self.paths = {target: str(source) for target, source in {**ro_binds, **rw_binds}.items()}
+        self._cgroup = Cgroup.create(self.limits)
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, env=popen_env,
+            pass_fds=(write_fd,), preexec_fn=self._preexec, cwd=job_dir,
+        )
+        os.close(write_fd)
+
+    def _preexec(self) -> None:
+        if self._cgroup is not None:
+            self._cgroup.enter()
+        self.limits.apply_rlimits()
+
+    def path(self, target: str) -> str:
+        """Where the child sees a bound directory."""
+        return self.paths[target]
+
+    def call(self, cmd: str, timeout: float, **payload) -> tuple[dict, list[tuple[str, int, float]]]:
+        """Send a command; return its answer and the marks the child sent on the way, each with
+        the parent's own clock reading (perf_counter seconds) when it arrived."""
+        try:
+            self.proc.stdin.write((json.dumps({"cmd": cmd, **payload}) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise ChildError(self._death_note(f"the {self.role} process died before {cmd}")) from None
+        deadline = time.monotonic() + timeout
+        marks: list[tuple[str, int, float]] = []
+        while True:
+            line = self._read_line(cmd, max(deadline - time.monotonic(), 0.0))
+            arrived = time.perf_counter()
+            try:
+                answer = json.loads(line)
+            except json.JSONDecodeError:
+                raise ChildError(f"the {self.role} process broke the protocol during {cmd}") from None
+            if not isinstance(answer, dict):
+                raise ChildError(f"the {self.role} process broke the protocol during {cmd}")
+            if "mark" not in answer:
+                return answer, marks
+            marks.append((str(answer["mark"]), int(answer.get("k", -1)), arrived))
+
+    def _read_line(self, cmd: str, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise ChildError(f"{cmd} took longer than {timeout:.0f}s and was killed (a hang, a deadlock or an endless loop?)")
+            with selectors.DefaultSelector() as sel:
+                sel.register(self._reply_fd, selectors.EVENT_READ)
+                if not sel.select(min(remaining, 1.0)):
+                    if self.proc.poll() is not None:
+                        raise ChildError(self._death_note(f"the {self.role} process died during {cmd}"))
+                    continue
+            chunk = os.read(self._reply_fd, 1 << 20)
+            if not chunk:
+                self.proc.wait()
+                raise ChildError(self._death_note(f"the {self.role} process died during {cmd}"))
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def _death_note(self, what: str) -> str:
+        code = self.proc.poll()
+        if code is None:
+            return what
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = str(-code)
+            how = f"killed by {name}"
+        else:
+            how = f"exit code {code}"
+        return f"{what} ({how})" + (f":\n{self.log_tail()}" if self.log_tail() else "")
+
+    def log_tail(self, limit: int = 2000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        text = data[-limit:].decode("utf-8", "replace").strip()
+        return text
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        os.close(self._reply_fd)
+        self._log.close()
+        if self._cgroup is not None:
+            self._cgroup.destroy()

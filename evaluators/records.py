@@ -1,0 +1,122 @@
+"""Typed records that cross the evaluation boundary: the job, the settings, the result."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+
+class Mode(str, Enum):
+    VERIFY = "verify"    # correctness only
+    PROFILE = "profile"  # correctness, then timing against eager and torch.compile
+    FINAL = "final"      # the episode's trusted final evaluation: as profile, first in the queue
+
+
+class EvalSettings(BaseModel):
+    """Protocol constants. They live in the trusted parent; a candidate never sees or sets them."""
+
+    trials: int = 5
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    timed_calls: int = 30
+    min_timed_calls: int = 10
+    warmup_calls: int = 3
+    checked_timed_calls: int = 3          # timed calls whose outputs are checked against the reference
+    audited_timed_calls: int = 2          # extra audited (untimed) calls at secret positions of the timing run
+    flush_bytes: int = 256 << 20          # cache flush between repetitions (H100 L2 is 50 MB)
+    job_timeout_s: float = 600.0          # bound on a timing run (baselines: torch.compile's first call is slow)
+    step_timeout_s: float = 300.0         # bound on every other step (import, trials): an endless loop ends here
+    compile_baseline: bool = True
+    speedup_margin: float = 0.05           # "more than 5 % faster"
+
+
+class EvalJob(BaseModel):
+    """One evaluation of one candidate snapshot."""
+
+    job_id: str
+    task_id: str
+    task_code: str
+    language: str
+    device: str = "cuda"                 # cuda | cpu
+    mode: Mode = Mode.VERIFY
+    snapshot_dir: Path                   # model_new.py, kernels/, build/ copied out of the workspace
+    snapshot_hash: str = ""
+    settings: EvalSettings = Field(default_factory=EvalSettings)
+
+    @property
+    def priority(self) -> int:
+        """Smaller runs first: final evaluations before profiling before verification."""
+        return {Mode.FINAL: 0, Mode.PROFILE: 1, Mode.VERIFY: 2}[self.mode]
+
+
+class TrialReport(BaseModel):
+    trial: int
+    correct: bool
+    message: str = ""
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    first_bad_index: list[int] | None = None
+
+
+class Timing(BaseModel):
+    """Milliseconds per call: median and spread over the timed calls."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    calls: int
+
+
+class EvalResult(BaseModel):
+    """Everything the harness learned; ``error`` and ``violations`` say why a candidate failed."""
+
+    job_id: str
+    task_id: str
+    language: str
+    device: str
+    device_name: str = ""
+    mode: Mode
+    compiled: bool = True
+    correct: bool = False
+    trials: list[TrialReport] = Field(default_factory=list)
+    runtime: Timing | None = None
+    eager: Timing | None = None
+    compiled_baseline: Timing | None = None
+    violations: list[str] = Field(default_factory=list)
+    error: str | None = None
+    reward: float | None = None
+    snapshot_hash: str = ""
+    duration_s: float = 0.0
+    log_tail: str = ""
+
+    @property
+    def runtime_ms(self) -> float | None:
+        return self.runtime.median_ms if self.runtime else None
+
+    @property
+    def eager_ms(self) -> float | None:
+        return self.eager.median_ms if self.eager else None
+
+    @property
+    def compile_ms(self) -> float | None:
+        return self.compiled_baseline.median_ms if self.compiled_baseline else None
+
+    @property
+    def speedup_vs_eager(self) -> float | None:
+        return self.eager_ms / self.runtime_ms if self.eager_ms and self.runtime_ms else None
+
+    @property
+    def speedup_vs_compile(self) -> float | None:
+        return self.compile_ms / self.runtime_ms if self.compile_ms and self.runtime_ms else None
+
+    def summary(self) -> dict:
+        """The flat record `kernel-env run-task --json` prints."""
+        return {
+            "task_id": self.task_id, "language": self.language, "device": self.device, "device_name": self.device_name,
+            "mode": self.mode.value, "compiled": self.compiled, "correct": self.correct, "reward": self.reward,
+            "runtime_ms": self.runtime_ms, "eager_ms": self.eager_ms, "compile_ms": self.compile_ms,
+            "speedup_vs_eager": self.speedup_vs_eager, "speedup_vs_compile": self.speedup_vs_compile,
+            "error": self.error, "violations": self.violations, "snapshot_hash": self.snapshot_hash,
+        }

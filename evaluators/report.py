@@ -1,0 +1,52 @@
+"""Renderers of an EvalResult: the text a model reads, and a table a person reads."""
+
+from __future__ import annotations
+
+from kernel_env.evaluators.records import EvalResult, Mode
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else (f"{value * 1e3:.1f} us" if value < 1 else f"{value:.3f} ms")
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def milestone_text(result: EvalResult) -> str:
+    if not result.correct:
+        return "not reached: the candidate is not correct (reward -1)"
+    if result.runtime is None:
+        return "correct (reward 1 once timed; run `python3 -m utils.profiling` for speed)"
+    reward = result.reward
+    return {
+        3.0: "faster than both eager and torch.compile by more than 5% (reward 3: the goal)",
+        2.0: "faster than eager by more than 5%, not yet than torch.compile (reward 2)",
+        1.0: "correct, but not more than 5% faster than eager (reward 1)",
+    }.get(reward, f"reward {reward}")
+
+
+def model_report(result: EvalResult) -> str:
+    """What the agent sees after `python3 -m utils.verification` / `utils.profiling`."""
+    title = {Mode.VERIFY: "VERIFICATION", Mode.PROFILE: "PROFILING", Mode.FINAL: "FINAL EVALUATION"}[result.mode]
+    lines = [f"== {title}: {result.task_id} ({result.language}, {result.device_name or result.device}) =="]
+    if result.error:
+        lines.append("FAILED: " + ("the candidate did not build or load" if not result.compiled else "error"))
+        lines.append(result.error)
+        if result.log_tail and result.log_tail not in result.error:
+            lines += ["-- output of the candidate process (tail) --", result.log_tail[-1500:]]
+    for trial in result.trials:
+        if trial.correct:
+            err = f" (max abs error {trial.max_abs_error:.3g})" if trial.max_abs_error is not None else ""
+            lines.append(f"trial {trial.trial + 1}: correct{err}")
+        else:
+            lines.append(f"trial {trial.trial + 1}: INCORRECT: {trial.message}")
+    for violation in result.violations:
+        lines.append(f"RULE VIOLATION: {violation}")
+    if result.trials and not result.error:
+        lines.append(f"correctness: {'PASS' if result.correct else 'FAIL'} ({sum(t.correct for t in result.trials)}/{len(result.trials)} trials, atol=rtol=1e-2)")
+    if result.runtime or result.eager:
+        lines.append(f"time: ModelNew {_ms(result.runtime_ms)} | eager {_ms(result.eager_ms)} | torch.compile {_ms(result.compile_ms)}  (median per call)")
+        lines.append(f"speed-up: {_x(result.speedup_vs_eager)} vs eager, {_x(result.speedup_vs_compile)} vs torch.compile")
+    lines.append(f"milestone: {milestone_text(result)}")
+    return "\n".join(lines)

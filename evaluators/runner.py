@@ -1,0 +1,237 @@
+"""Evaluation child process: runs either the reference task or a candidate, never both.
+
+Started by the trusted harness (``evaluators/harness.py``) inside an isolated process with
+``python -I -B runner.py reference|candidate``; it imports only torch (and Triton) and its
+sibling modules ``timing`` and ``guards``. Commands arrive as JSON lines on stdin, answers
+go out on the file descriptor named by ``KE_REPLY_FD`` (stdout and stderr belong to the
+code under test and are only logged). Tensors travel as files in the job's directories:
+the reference process writes reference outputs where the candidate process cannot see
+them; the candidate process never computes, loads or holds a reference output, so there
+is nothing for it to find in memory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import guards  # noqa: E402
+import timing  # noqa: E402
+
+_reply_fd = int(os.environ.get("KE_REPLY_FD", "1"))
+_reply = os.fdopen(os.dup(_reply_fd), "w", buffering=1)
+_json_dumps = json.dumps
+
+
+def reply(**payload) -> None:
+    _reply.write(_json_dumps(payload) + "\n")
+    _reply.flush()
+
+
+class Runner:
+    def __init__(self):
+        self.device = torch.device("cpu")
+        self.task: dict = {}
+        self.model = None
+        self.out_dir = Path(".")
+
+    # ------------------------------------------------------------------ shared
+
+    def load_task(self, code: str) -> None:
+        namespace: dict = {"__name__": "kernelbench_task"}
+        exec(compile(code, "model.py", "exec"), namespace)
+        self.task = namespace
+
+    def make_inputs(self, seed: int) -> list:
+        """The task's inputs for a seed, created on the device (identically in both roles: the same
+        code, seed and device), so generating them between timed calls is quick and keeps the GPU busy."""
+        torch.manual_seed(seed)
+        with torch.device(self.device):
+            inputs = self.task["get_inputs"]()
+        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+    def cmd_setup(self, req: dict) -> dict:
+        self.device = torch.device(req["device"])
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.out_dir = Path(req["out_dir"])
+        self.load_task(req["task_code"])
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        return {"device_name": name, "torch": torch.__version__}
+
+    def run_trials(self, seeds: list[int], prefix: str, audit_fn=None) -> list[dict]:
+        reports = []
+        for index, seed in enumerate(seeds):
+            inputs = self.make_inputs(seed)
+            pristine = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            with torch.no_grad():
+                out, extra = audit_fn(inputs) if audit_fn else (self.model(*inputs), {})
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            outputs = timing.flatten(out)
+            kinds = [type(t).__name__ for t in outputs if type(t) is not torch.Tensor]
+            saved = [t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor) else t for t in outputs]
+            if kinds:
+                saved = None
+            else:
+                torch.save(saved if isinstance(out, (list, tuple)) else saved[0], self.out_dir / f"{prefix}_{index}.pt")
+            mutated = any(
+                isinstance(a, torch.Tensor) and (a.shape != b.shape or not torch.equal(a.nan_to_num(), b.nan_to_num()))
+                for a, b in zip(inputs, pristine)
+            )
+            reports.append({"mutated_inputs": mutated, "non_tensor_outputs": kinds, **extra})
+            del out, outputs, inputs, pristine
+        return reports
+
+    def _time(self, req: dict, fn, audit=None) -> dict:
+        times, prints = timing.time_calls(
+            fn, self.make_inputs, req["seeds"], self.device, warmup_seeds=req.get("warmup_seeds", ()),
+            flush_bytes=req["flush_bytes"], fp_seed=req["fp_seed"], signal=lambda kind, k: reply(mark=kind, k=k),
+            audit=audit, audit_at=req.get("audit_at", ()),
+        )
+        return {"times_ms": times, "fingerprints": prints}
+
+    # ------------------------------------------------------------------ reference
+
+    def cmd_ref_init(self, req: dict) -> dict:
+        torch.manual_seed(req["init_seed"])
+        init = self.task["get_init_inputs"]()
+        torch.save(init, self.out_dir / "init_inputs.pt")
+        torch.manual_seed(req["init_seed"])
+        self.model = self.task["Model"](*init).to(self.device).eval()
+        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, self.out_dir / "state_dict.pt")
+        return {}
+
+    def cmd_ref_trials(self, req: dict) -> dict:
+        return {"trials": self.run_trials(req["seeds"], "ref_trial")}
+
+    def cmd_ref_fingerprints(self, req: dict) -> dict:
+        prints = []
+        with torch.no_grad():
+            for seed in req["seeds"]:
+                prints.append(timing.fingerprint(self.model(*self.make_inputs(seed)), req["fp_seed"]))
+        return {"fingerprints": prints}
+
+    def cmd_ref_time(self, req: dict) -> dict:
+        fn = self.model
+        if req["target"] == "compile":
+            fn = torch.compile(self.model)
+        return self._time(req, fn)
+
+    # ------------------------------------------------------------------ candidate
+
+    def cmd_cand_load(self, req: dict) -> dict:
+        snapshot = Path(req["snapshot"])
+        self.language = req["language"]
+        self.launches = guards.KernelLaunchCounter()
+        self.launches.install()
+        self.integrity = guards.Integrity()
+        sys.path.insert(0, str(snapshot))
+        sys.path.insert(0, str(snapshot / "build"))
+        init = torch.load(req["init_inputs"], weights_only=True)
+        reference_state = torch.load(req["state_dict"], weights_only=True)
+        spec = importlib.util.spec_from_file_location("model_new", snapshot / "model_new.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model_new"] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            return {"error": _trimmed("importing model_new.py", exc, snapshot)}
+        if not hasattr(module, "ModelNew"):
+            return {"error": "model_new.py does not define ModelNew"}
+        torch.manual_seed(req["init_seed"])
+        try:
+            model = module.ModelNew(*init)
+        except Exception as exc:
+            return {"error": _trimmed("ModelNew(*get_init_inputs())", exc, snapshot)}
+        if not isinstance(model, torch.nn.Module):
+            return {"error": "ModelNew(...) is not a torch.nn.Module"}
+        own = model.state_dict()
+        matched = {k: v for k, v in reference_state.items() if k in own and own[k].shape == v.shape}
+        mismatched = sorted(k for k, v in reference_state.items() if k in own and own[k].shape != v.shape)
+        model.load_state_dict(matched, strict=False)
+        self.model = model.to(self.device).eval()
+        return {"loaded_weights": sorted(matched), "shape_mismatch": mismatched,
+                "missing_weights": sorted(k for k in reference_state if k not in own)}
+
+    def _audited_call(self, inputs: list):
+        audit = guards.TorchComputeAudit()
+        before = self.launches.launches
+        with audit:
+            out = self.model(*inputs)
+        return out, {"torch_ops": audit.forbidden, "triton_launches": self.launches.launches - before}
+
+    def cmd_cand_trials(self, req: dict) -> dict:
+        try:
+            return {"trials": self.run_trials(req["seeds"], "cand_trial", audit_fn=self._audited_call)}
+        except Exception as exc:
+            return {"error": _trimmed("ModelNew.forward", exc, None)}
+
+    def cmd_cand_warmup(self, req: dict) -> dict:
+        try:
+            with torch.no_grad():
+                for seed in req["seeds"]:
+                    timing.poison(self.model(*self.make_inputs(seed)))
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except Exception as exc:
+            return {"error": _trimmed("ModelNew.forward (warm-up)", exc, None)}
+        return {}
+
+    def cmd_cand_time(self, req: dict) -> dict:
+        audits: list[dict] = []
+
+        def audit(inputs: list) -> None:
+            with torch.no_grad():
+                out, found = self._audited_call(inputs)
+            timing.poison(out)
+            audits.append(found)
+
+        try:
+            return {**self._time(req, self.model, audit), "audits": audits}
+        except Exception as exc:
+            return {"error": _trimmed("ModelNew.forward (timed)", exc, None)}
+
+    def cmd_cand_integrity(self, req: dict) -> dict:
+        return {"changes": self.integrity.changes(), "new_threads": self.integrity.new_threads()}
+
+
+def _trimmed(stage: str, exc: BaseException, snapshot: Path | None) -> str:
+    """The exception, with the traceback trimmed to the candidate's own files."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if "site-packages" not in f.filename and "/evaluators/" not in f.filename and "runner.py" not in f.filename]
+    lines = [f"  {Path(f.filename).name}:{f.lineno} in {f.name}: {f.line or ''}".rstrip() for f in own[-5:]]
+    message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if len(message) > 3000:
+        message = message[:1500] + "\n[...]\n" + message[-1500:]
+    return f"{stage} raised {message}" + ("\n" + "\n".join(lines) if lines else "")
+
+
+def main() -> None:
+    role = sys.argv[1]
+    runner = Runner()
+    prefix = "cmd_ref_" if role == "reference" else "cmd_cand_"
+    for line in sys.stdin:
+        req = json.loads(line)
+        cmd = req.pop("cmd")
+        handler = getattr(runner, prefix + cmd, None) or getattr(runner, f"cmd_{cmd}", None)
+        try:
+            if handler is None:
+                raise ValueError(f"unknown command {cmd}")
+            reply(ok=True, **handler(req))
+        except BaseException as exc:  # the child's job is to report, the parent decides
+            reply(ok=False, error=_trimmed(cmd, exc, None), kind=type(exc).__name__)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Source rules checked before a candidate runs (trusted side; reads the snapshot as text).
+
+The run-time audit sees torch compute during the correctness trials. What it cannot see is
+code that notices it is being audited, profiled or timed and behaves differently, or code
+that reaches into the process around it. Honest kernels never need any of that, so the
+tools for it are refused outright, by name, with the file and line.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+from pathlib import Path
+
+# Python: introspection of the harness, the dispatcher, the profiler, the interpreter. Honest
+# kernels need none of it; the reflection primitives are refused because each is a way to
+# reach harness objects without naming them.
+_PYTHON_RULES: tuple[tuple[str, str], ...] = (
+    (r"_python_dispatch|TorchDispatchMode|TorchFunctionMode|_get_current_dispatch_mode|_get_dispatch_mode|"
+     r"_len_torch_dispatch_stack|is_torch_function_mode_enabled|_is_torch_function_mode_enabled|DispatchKey|_dispatch_tls",
+     "inspects torch dispatch modes (the harness's audit)"),
+    (r"_is_profiler_enabled|torch\.profiler|autograd\.profiler|_kineto", "inspects the profiler"),
+    (r"torch\.compile\b|torch\._dynamo|torch\._inductor|torch\.jit\.(script|trace)|torch\._C\b|torch\.ops\b|torch\._ops\b",
+     "uses torch internals or a torch compiler (kernels must be your own)"),
+    (r"\bgc\b|sys\._getframe|\bsys\.(?!path\b)\w+|\binspect\b|\btraceback\b",
+     "inspects the interpreter's objects, frames or modules"),
+    (r"^\s*(import|from)\s+(ctypes|_ctypes|threading|_thread|multiprocessing|concurrent|signal|importlib|builtins|"
+     r"subprocess|socket|asyncio|mmap|resource|faulthandler|atexit|weakref|pickle|marshal|code|runpy)\b",
+     "imports a module that reaches around the harness (threads, processes, ctypes, importlib, ...)"),
+    (r"\b(__import__|globals|locals|vars|eval|exec|compile|getattr|setattr|delattr|breakpoint)\s*\(",
+     "uses reflection or dynamic code (getattr/setattr/eval/exec/globals/vars/__import__)"),
+    (r"\.__(dict|globals|class|bases|mro|subclasses|code|closure|builtins|func|self|wrapped|module|getattribute|setattr|init_subclass)__\b|\b__builtins__\b",
+     "reaches into objects through dunder attributes"),
+    (r"^\s*(torch|time|triton|math|os|sys)(\.\w+)+\s*=[^=]", "replaces attributes of torch, time, triton or the standard library"),
+    (r"\bos\.(environ|system|popen|fork|exec\w*|spawn\w*|kill|_exit|dup2?|open|read|write|putenv)\b|\bopen\s*\(",
+     "touches the process, its environment or files (os.environ, os.system, open, ...)"),
+)
+# C++/CUDA: torch operators (compute), the dispatcher's state, threads, run-time loading.
+_NATIVE_RULES: tuple[tuple[str, str], ...] = (
+    (r"DispatchModeTLS|PythonTLSSnapshot|TorchFunctionMode|ThreadLocalState|impl::tls_|DispatchKey|ExcludeDispatchKeyGuard|"
+     r"IncludeDispatchKeyGuard|AutoDispatchBelow\w*|at::_ops::|at::native::|at::cpu::|at::cuda::(?!getCurrentCUDAStream|"
+     r"getCurrentCUDABlasHandle|CUDAGuard|OptionalCUDAGuard|getDefaultCUDAStream|CUDAStream)",
+     "reaches past the dispatcher or into its thread-local state"),
+    (r"\bdlopen\s*\(|\bdlsym\s*\(|\bfork\s*\(|\bsystem\s*\(|\bpopen\s*\(|std::thread|std::async|std::jthread|pthread_create",
+     "starts threads or processes, or loads code at run time"),
+)
+# torch / ATen functions a binding may call: allocation, options, the stream and device guard.
+_ALLOWED_TORCH_CALLS = frozenset({
+    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
+    "from_blob", "TensorOptions", "Tensor", "Scalar", "Device", "dtype", "device", "IntArrayRef", "ArrayRef",
+    "getCurrentCUDAStream", "getDefaultCUDAStream", "CUDAGuard", "OptionalCUDAGuard", "getCurrentCUDABlasHandle",
+    "elementSize", "typeMetaToScalarType", "toString", "kFloat", "kHalf", "kBFloat16", "kInt", "kLong",
+})
+_TORCH_CALL = re.compile(r"\b(?:at|torch)::(?:\w+::)*(\w+)\s*[({]")
+# Tensor methods that compute; a binding may only ask a tensor for its properties and data.
+_TENSOR_COMPUTE_METHOD = re.compile(
+    r"\.\s*(add|sub|mul|div|matmul|mm|bmm|addmm|baddbmm|relu|gelu|silu|sigmoid|tanh|softmax|log_softmax|sum|mean|"
+    r"var|std|norm|exp|log|pow|sqrt|rsqrt|abs|neg|clamp|clamp_min|clamp_max|maximum|minimum|where|index_select|"
+    r"gather|scatter|scatter_add|masked_fill|conv\d?d|linear|layer_norm|batch_norm|cumsum|prod|argmax|argmin|topk|"
+    r"sort|max|min|t|transpose|permute|expand|repeat|cat|stack|to)_?\s*\(")
+
+def check_sources(snapshot: Path) -> list[str]:
+    """Violations found in the candidate's own sources: model_new.py and kernels/."""
+    violations: list[str] = []
+    files = [snapshot / "model_new.py", *sorted((snapshot / "kernels").rglob("*"))] if (snapshot / "kernels").is_dir() else [snapshot / "model_new.py"]
+    for path in files:
+        if not path.is_file():
+            continue
+        rules = _PYTHON_RULES if path.suffix == ".py" else _NATIVE_RULES if path.suffix in (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp") else ()
+        if not rules:
+            continue
+        text = _code_only(path.read_text(errors="replace"), python=path.suffix == ".py")
+        if rules is _NATIVE_RULES:
+            violations += _torch_calls(path.relative_to(snapshot), text)
+        for pattern, why in rules:
+            for match in re.finditer(pattern, text, flags=re.MULTILINE):
+                line = text.count("\n", 0, match.start()) + 1
+                violations.append(f"{path.relative_to(snapshot)}:{line} {why}: `{match.group(0).strip()}`")
+                break
+    return violations
+
+
+def _torch_calls(name: Path, text: str) -> list[str]:
+    for match in _TORCH_CALL.finditer(text):
+        if match.group(1) not in _ALLOWED_TORCH_CALLS:
+            line = text.count("\n", 0, match.start()) + 1
+            return [f"{name}:{line} calls a torch operator (`{match.group(0).rstrip('({ ')}`): only allocation and "
+                    "tensor properties are allowed in kernels; compute in your own kernels"]
+    for match in _TENSOR_COMPUTE_METHOD.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        return [f"{name}:{line} calls a computing tensor method (`.{match.group(1)}(`): compute in your own kernels"]
+    return []
+
+
+def _code_only(text: str, *, python: bool) -> str:
+    """The source with comments and string literals blanked (line numbers kept): rules apply to code."""
+    if python:
+        try:
+            tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+        except (tokenize.TokenError, SyntaxError, IndentationError):
+            return text  # unparsable: judge the raw text (the build has already rejected it)
+        lines = text.splitlines(keepends=True)
+        blanked = [list(line) for line in lines]
+        for token in tokens:
+            if token.type in (tokenize.STRING, tokenize.COMMENT) or token.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
+                (row, col), (end_row, end_col) = token.start, token.end
+                for r in range(row, end_row + 1):
+                    start = col if r == row else 0
+                    stop = end_col if r == end_row else len(blanked[r - 1])
+                    for c in range(start, min(stop, len(blanked[r - 1]))):
+                        if blanked[r - 1][c] != "\n":
+                            blanked[r - 1][c] = " "
+        return "".join("".join(line) for line in blanked)
+
+    def blank(match: re.Match) -> str:
+        return re.sub(r"[^\n]", " ", match.group(0))
+
+    return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', blank, text, flags=re.DOTALL)

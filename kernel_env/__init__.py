@@ -1,0 +1,37 @@
+"""kernel_env: reinforcement-learning environments for GPU kernel engineering.
+
+The public API: tasks (``Task``, ``load_tasks``, ``resolve_task``, ``validate_task``),
+workspaces and episodes (``Workspace``, ``Episode``, ``run_solution``), and the trusted
+evaluation's records (``EvalResult``, ``Mode``) and reward (``milestone_reward``).
+Names are imported on first use, so ``import kernel_env`` does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Episode": "kernel_env.episode", "run_solution": "kernel_env.episode",
+    "EvalJob": "kernel_env.evaluators.records", "EvalResult": "kernel_env.evaluators.records",
+    "EvalSettings": "kernel_env.evaluators.records", "Mode": "kernel_env.evaluators.records",
+    "milestone_reward": "kernel_env.evaluators.reward", "speedup_reward": "kernel_env.evaluators.reward",
+    "Task": "kernel_env.tasks", "TaskError": "kernel_env.tasks", "load_tasks": "kernel_env.tasks",
+    "resolve_task": "kernel_env.tasks", "validate_task": "kernel_env.tasks",
+    "Workspace": "kernel_env.workspace",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kernel_env' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

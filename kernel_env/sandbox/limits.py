@@ -1,0 +1,123 @@
+"""Resource limits for everything a sandbox runs: memory, processes, file size, core dumps.
+
+Two layers. Resource limits (setrlimit) are inherited by every process of the sandbox and
+work everywhere, but the kernel does not apply the process-count limit to processes whose
+host uid is root. A cgroup (v2, or v1's pids and memory controllers) caps the whole sandbox
+as one, and is used wherever this process may create one (root, or a delegated subtree).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_bytes: int = 8 * _GIB          # whole sandbox (cgroup), and the per-process address-space cap below
+    address_space_bytes: int = 24 * _GIB  # per process; torch alone maps ~3.3 GB of address space
+    processes: int = 512
+    file_size_bytes: int = 2 * _GIB
+    open_files: int = 4096
+
+    def apply_rlimits(self) -> None:
+        """Set the per-process limits on the calling process (used as a preexec hook)."""
+        for which, value in (
+            (resource.RLIMIT_AS, self.address_space_bytes),
+            (resource.RLIMIT_NPROC, self.processes),
+            (resource.RLIMIT_FSIZE, self.file_size_bytes),
+            (resource.RLIMIT_NOFILE, self.open_files),
+            (resource.RLIMIT_CORE, 0),
+        ):
+            soft, hard = resource.getrlimit(which)
+            new = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (new, new))
+
+
+class Cgroup:
+    """A cgroup holding one sandbox; ``create`` returns None where none can be made."""
+
+    def __init__(self, dirs: list[Path]):
+        self.dirs = dirs
+
+    @classmethod
+    def create(cls, limits: Limits) -> Cgroup | None:
+        name = f"kernel_env-{uuid.uuid4().hex[:12]}"
+        try:
+            return cls._create_v2(name, limits) or cls._create_v1(name, limits)
+        except OSError as exc:
+            log.debug("no cgroup for the sandbox: %s", exc)
+            return None
+
+    @classmethod
+    def _create_v2(cls, name: str, limits: Limits) -> Cgroup | None:
+        root = Path("/sys/fs/cgroup")
+        if not (root / "cgroup.controllers").exists():
+            return None
+        # Our own cgroup must be delegated to us; a child of it can only hold processes if its
+        # parent holds none, so sandboxes go into a sibling tree we create under our parent.
+        own = Path(open("/proc/self/cgroup").read().strip().split("::", 1)[-1].lstrip("/"))
+        parent = root / own.parent / "kernel_env"
+        parent.mkdir(exist_ok=True)
+        (parent / "cgroup.subtree_control").write_text("+pids +memory")
+        group = parent / name
+        group.mkdir()
+        (group / "pids.max").write_text(str(limits.processes))
+        (group / "memory.max").write_text(str(limits.memory_bytes))
+        (group / "memory.swap.max").write_text("0") if (group / "memory.swap.max").exists() else None
+        return cls([group])
+
+    @classmethod
+    def _create_v1(cls, name: str, limits: Limits) -> Cgroup | None:
+        pids_root, mem_root = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/memory")
+        if not (os.access(pids_root, os.W_OK) and os.access(mem_root, os.W_OK)):
+            return None
+        pids, mem = pids_root / "kernel_env" / name, mem_root / "kernel_env" / name
+        pids.mkdir(parents=True)
+        mem.mkdir(parents=True)
+        (pids / "pids.max").write_text(str(limits.processes))
+        (mem / "memory.limit_in_bytes").write_text(str(limits.memory_bytes))
+        return cls([pids, mem])
+
+    def enter(self) -> None:
+        """Move the calling process into the cgroup (used as a preexec hook)."""
+        for directory in self.dirs:
+            (directory / "cgroup.procs").write_text("0")
+
+    def pids(self) -> list[int]:
+        found: set[int] = set()
+        for directory in self.dirs:
+            try:
+                found |= {int(p) for p in (directory / "cgroup.procs").read_text().split()}
+            except OSError:
+                pass
+        return sorted(found)
+
+    def destroy(self) -> None:
+        """Kill whatever is still inside and remove the cgroup."""
+        import signal
+        import time
+
+        for _ in range(50):
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+        for directory in self.dirs:
+            try:
+                directory.rmdir()
+            except OSError as exc:
+                log.warning("could not remove cgroup %s: %s", directory, exc)

@@ -1,0 +1,147 @@
+"""Workspaces: the directory an agent works in, laid out as in the CUDA Agent paper.
+
+::
+
+    SKILL.md             protected: the language's skill
+    binding_registry.h   protected (C++ languages): REGISTER_BINDING
+    binding.cpp          protected (C++ languages): builds the ``cuda_extension`` module
+    kernels/             the agent's kernels
+    utils/               protected: compile.sh, verification.py, profiling.py
+    model.py             protected: the reference Model
+    model_new.py         the agent's ModelNew
+
+A workspace lives in a host directory of its own (``root``) that also holds the sandbox's
+private state; only ``root/workspace`` is the agent's. Protected files are read-only (the
+sandbox mounts them read-only as well) and hashed at creation, so tampering is detected
+even where a backend could not enforce it. The trusted harness never runs the workspace's
+copies of protected files: it uses its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernel_env.config import workspaces_dir
+from kernel_env.languages import LANGUAGES, Language, get_language
+from kernel_env.resources import data_dir
+from kernel_env.tasks import Task
+
+PROTECTED = ("SKILL.md", "binding.cpp", "binding_registry.h", "utils", "model.py")
+AGENT_OWNED = ("kernels", "model_new.py")
+_ALL_TEMPLATE_LANGUAGE_FILES = {f for lang in LANGUAGES.values() for f in lang.template_files}
+
+
+@dataclass
+class Workspace:
+    root: Path
+    task: Task
+    language: Language
+    protected_hashes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        """The directory the agent sees (mounted at /workspace in a sandbox)."""
+        return self.root / "workspace"
+
+    @property
+    def state_dir(self) -> Path:
+        """Private, writable state of the sandbox (shell state, background job logs)."""
+        return self.root / "state"
+
+    @classmethod
+    def create(cls, task: Task, language: str | Language = "cuda", root: str | Path | None = None) -> Workspace:
+        """Materialise template + task + SKILL.md into a fresh directory and protect it."""
+        lang = get_language(language) if isinstance(language, str) else language
+        base = Path(root) if root else workspaces_dir()
+        base.mkdir(parents=True, exist_ok=True)
+        slug = task.id.replace("/", "_")[:60]
+        episode_root = Path(tempfile.mkdtemp(prefix=f"{slug}-{lang.name}-", dir=base))
+        ws = cls(root=episode_root, task=task, language=lang)
+        ws.path.mkdir()
+        ws.state_dir.mkdir()
+
+        template = data_dir("workspace_template")
+        for entry in template.iterdir():
+            if entry.name in _ALL_TEMPLATE_LANGUAGE_FILES and entry.name not in lang.template_files:
+                continue
+            if entry.name == "__pycache__":
+                continue
+            target = ws.path / entry.name
+            if entry.is_dir():
+                shutil.copytree(entry, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                shutil.copy2(entry, target)
+        skill_dir = data_dir("skills") / lang.name
+        shutil.copy2(skill_dir / "SKILL.md", ws.path / "SKILL.md")
+        (ws.path / "kernels").mkdir(exist_ok=True)
+        starter = skill_dir / "model_new.py"
+        shutil.copy2(starter, ws.path / "model_new.py")
+        (ws.path / "model.py").write_text(task.code)
+        ws.protected_hashes = ws.hash_protected()
+        ws._lock_protected()
+        return ws
+
+    # ------------------------------------------------------------------ protection
+
+    def protected_paths(self) -> list[Path]:
+        return [self.path / name for name in PROTECTED if (self.path / name).exists()]
+
+    def hash_protected(self) -> dict[str, str]:
+        hashes = {}
+        for top in self.protected_paths():
+            files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+            for file in files:
+                hashes[str(file.relative_to(self.path))] = hashlib.sha256(file.read_bytes()).hexdigest()
+        return hashes
+
+    def tampered_files(self) -> list[str]:
+        """Protected files that were changed, added or removed since creation."""
+        now = self.hash_protected()
+        names = set(now) | set(self.protected_hashes)
+        return sorted(n for n in names if now.get(n) != self.protected_hashes.get(n))
+
+    def _lock_protected(self) -> None:
+        for top in self.protected_paths():
+            for p in [top, *top.rglob("*")] if top.is_dir() else [top]:
+                mode = p.stat().st_mode
+                p.chmod(mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+    # ------------------------------------------------------------------ agent files
+
+    def copy_solution(self, source: str | Path) -> list[str]:
+        """Copy a solution directory (model_new.py, kernels/…) into the workspace; returns what was copied."""
+        source = Path(source)
+        if not (source / "model_new.py").is_file():
+            raise FileNotFoundError(f"solution {source}: no model_new.py")
+        copied = []
+        for name in AGENT_OWNED:
+            src = source / name
+            if not src.exists():
+                continue
+            dst = self.path / name
+            if src.is_dir():
+                shutil.rmtree(dst, ignore_errors=True)
+                shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "build"))
+                # Report what landed, not what the source holds: the ignored build/ and caches stay out.
+                copied += [str(p.relative_to(self.path)) for p in sorted(dst.rglob("*")) if p.is_file()]
+            else:
+                shutil.copy2(src, dst)
+                copied.append(name)
+        return copied
+
+    def destroy(self) -> None:
+        """Remove the episode directory, read-only files included."""
+        def make_writable_and_retry(func, path, _exc):
+            os.chmod(os.path.dirname(path), 0o755)
+            if os.path.exists(path) and not os.path.islink(path):
+                os.chmod(path, 0o755)
+            func(path)
+
+        if self.root.exists():
+            shutil.rmtree(self.root, onexc=make_writable_and_retry)

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Set up kernel_env in ./.venv: what `make demo` and `make test` run first.
+#
+#   1. system tools: bubblewrap (the sandbox), ripgrep (the Grep tool), g++ (cpp/cuda builds);
+#      installed with apt-get when missing and we are root, else a note says what is missing
+#   2. a Python 3.12: $PYTHON, python3.12 on PATH, pyenv's 3.12.*, /usr/bin/python3.12
+#   3. .venv: with --system-site-packages when that Python already has a usable torch (a GPU
+#      machine's CUDA build is kept, never replaced)
+#   4. torch: kept if importable at >= $TORCH_MIN, else $TORCH_SPEC (torch==2.13.0) is installed
+#   5. pip install -e '.[test]'
+#
+# Idempotent and fast: a stamp in .venv keyed on pyproject.toml and the Python used skips steps
+# 3-5 when nothing changed. Never asks questions (CI has no stdin).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+VENV=${VENV:-.venv}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+TORCH_MIN=${TORCH_MIN:-2.11}
+STAMP="$VENV/.kernel_env-setup"
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '\033[1;31m[setup] error:\033[0m %s\n' "$*" >&2; exit 2; }
+
+# ----------------------------------------------------------------------------- 1. system tools
+system_tools() {
+  local missing=() pair cmd pkg
+  for pair in bwrap:bubblewrap rg:ripgrep g++:g++; do
+    cmd=${pair%%:*} pkg=${pair#*:}
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing ${missing[*]} with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    say "NOTE: missing ${missing[*]} and not root (or no apt-get), so not installing them."
+    say "      Install with: sudo apt-get install ${missing[*]}"
+    say "      Without bubblewrap the sandbox is NOT isolated; without ripgrep Grep uses grep; without g++ cpp/cuda builds fail."
+  fi
+}
+
+# ----------------------------------------------------------------------------- 2. Python 3.12
+is_python312() { "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1; }
+
+find_python312() {
+  local candidates=() root
+  [ -n "${PYTHON:-}" ] && candidates+=("$PYTHON")
+  command -v python3.12 >/dev/null 2>&1 && candidates+=("$(command -v python3.12)")
+  root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")
+  # newest 3.12.x first
+  while IFS= read -r p; do candidates+=("$p"); done < <(ls -d "$root"/versions/3.12*/bin/python3.12 2>/dev/null | sort -V -r)
+  candidates+=(/usr/bin/python3.12 /usr/local/bin/python3.12)
+  for p in "${candidates[@]}"; do
+    if [ -x "$p" ] && is_python312 "$p"; then
+      "$p" -c 'import sys; print(sys.executable)'
+      return 0
+    fi
+  done
+  die "kernel_env needs Python 3.12 and found none (looked at: \$PYTHON, python3.12 on PATH, $root/versions/3.12*, /usr/bin/python3.12).
+       Install one (pyenv install 3.12, or apt-get install python3.12 python3.12-venv) or point PYTHON at it: make PYTHON=/path/to/python3.12 test"
+}
+
+# prints the installed torch version of a Python, or nothing (reads metadata: no slow import)
+torch_version() {
+  "$1" -c 'import importlib.metadata as m
+try: print(m.version("torch"))
+except m.PackageNotFoundError: pass' 2>/dev/null || true
+}
+
+at_least() {  # at_least VERSION MINIMUM, comparing major.minor (2.14.1+cu130 >= 2.11)
+  awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, "."); split(b, y, "."); exit !(x[1] * 1000 + x[2] >= y[1] * 1000 + y[2]) }'
+}
+
+# ----------------------------------------------------------------------------- main
+system_tools
+
+PY312=$(find_python312)
+KEY="$(sha256sum pyproject.toml | cut -d' ' -f1) $PY312 $TORCH_SPEC"
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ]; then
+  say "set-up is up to date ($VENV, $("$VENV/bin/python" --version), torch $(torch_version "$VENV/bin/python"))"
+  exit 0
+fi
+
+if [ ! -x "$VENV/bin/python" ] || ! is_python312 "$VENV/bin/python"; then
+  rm -rf "$VENV"
+  base_torch=$(torch_version "$PY312")
+  if [ -n "$base_torch" ] && at_least "$base_torch" "$TORCH_MIN"; then
+    say "creating $VENV from $PY312 with its site-packages (it has torch $base_torch, which is kept)"
+    "$PY312" -m venv --system-site-packages "$VENV" || die "could not create $VENV (on Debian: apt-get install python3.12-venv)"
+  else
+    say "creating $VENV from $PY312"
+    "$PY312" -m venv "$VENV" || die "could not create $VENV (on Debian: apt-get install python3.12-venv)"
+  fi
+fi
+PY="$VENV/bin/python"
+
+have_torch=$(torch_version "$PY")
+if [ -n "$have_torch" ] && at_least "$have_torch" "$TORCH_MIN"; then
+  say "torch $have_torch is already installed; keeping it"
+else
+  say "installing $TORCH_SPEC${have_torch:+ (found torch $have_torch, older than $TORCH_MIN)}"
+  "$PY" -m pip install --quiet "$TORCH_SPEC"
+fi
+
+say "installing kernel_env (editable) with its test dependencies"
+"$PY" -m pip install --quiet -e '.[test]'
+"$VENV/bin/kernel-env" --version >/dev/null || die "kernel-env does not start after the install"
+printf '%s' "$KEY" > "$STAMP"
+say "done: $VENV ($("$PY" --version), torch $(torch_version "$PY"))"

@@ -1,0 +1,72 @@
+"""What the tests share besides fixtures: a tiny real task, and the reasons a host cannot enforce a limit.
+
+(Test modules import from here, not from conftest: tests/gpu has a conftest of its own, and
+``import conftest`` would find whichever was loaded first.)
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+TINY_TASK = textwrap.dedent(
+    """\
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        def __init__(self, scale: float = 2.0):
+            super().__init__()
+            self.scale = scale
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x) * self.scale
+
+
+    def get_inputs():
+        return [torch.randn(8, 16)]
+
+
+    def get_init_inputs():
+        return [2.0]
+    """
+)
+
+
+# ----------------------------------------------------------------------------- what this host enforces
+
+
+def bubblewrap_skip_reason() -> str | None:
+    from kernel_env.sandbox.local import bubblewrap_problem
+
+    problem = bubblewrap_problem()
+    return f"NOT ENFORCED ON THIS HOST: the local sandbox cannot isolate: {problem}" if problem else None
+
+
+def cgroup_available() -> bool:
+    """Whether this process can give a sandbox a cgroup (whole-sandbox process and memory caps)."""
+    from kernel_env.sandbox.limits import Cgroup, Limits
+
+    group = Cgroup.create(Limits())
+    if group is None:
+        return False
+    group.destroy()
+    return True
+
+
+def process_limit_skip_reason() -> str | None:
+    """Why the sandbox's process-count cap does not hold on this host, or None if it does."""
+    if cgroup_available():
+        return None
+    if os.geteuid() == 0:
+        return ("NOT ENFORCED ON THIS HOST: no cgroup can be created (no writable pids controller), and the host "
+                "runs as root, so the sandbox's processes are host-root and the kernel ignores RLIMIT_NPROC for them")
+    return None  # not root: RLIMIT_NPROC applies to the sandbox's (host) uid
+
+
+def memory_limit_skip_reason() -> str | None:
+    if cgroup_available():
+        return None
+    return ("NOT ENFORCED ON THIS HOST: no cgroup can be created (no writable memory controller), so only the "
+            "per-process address-space cap (RLIMIT_AS) bounds memory, not the sandbox as a whole")

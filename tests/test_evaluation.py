@@ -1,0 +1,877 @@
+"""The trusted evaluation, attacked: every way a candidate could fake correctness or speed, on the CPU.
+
+Each candidate is a file in tests/candidates/ (Triton under the interpreter, or C++ from one
+extension built once per session) for a small task, relu(x + y) over 16K float32 elements. Every
+attack must be rejected (correct False, reward -1) or timed honestly, with the reason visible in
+the result; every honest kernel must be judged correct. An honest kernel judged wrong is as bad
+as a hack that slips through.
+
+Tests marked ``xfail(strict=True)`` are FINDINGS: attacks that currently slip through, or honest
+code that is currently rejected. Their assertions state what the harness must do; once the
+harness does it, the strict xfail turns into a failure and the marker must go.
+
+Speed: verification jobs (no timing) run in the background, three at a time, as soon as the
+session starts; timing jobs (Mode.PROFILE) run one at a time after all of them, so no timing
+shares the machine with another job. The C++ extension and the eager/compile baselines are kept in
+pytest's cache between sessions (keyed by their inputs).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import inspect
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernel_env.broker import Broker, snapshot_workspace
+from kernel_env.evaluators import harness
+from kernel_env.evaluators.baselines import BaselineCache
+from kernel_env.evaluators.harness import evaluate
+from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
+from kernel_env.pool import LocalPool
+from kernel_env.resources import data_dir
+from kernel_env.tasks import Task
+from kernel_env.workspace import Workspace
+
+CANDIDATES = Path(__file__).parent / "candidates"
+TASK_CODE = textwrap.dedent(
+    """\
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x + y)
+
+
+    N = 1 << 14
+
+
+    def get_inputs():
+        return [torch.randn(N), torch.randn(N)]
+
+
+    def get_init_inputs():
+        return []
+    """
+)
+TASK = Task(id="test/relu_add_16k", code=TASK_CODE, source="file", name="relu_add_16k")
+SETTINGS = EvalSettings(timed_calls=10, warmup_calls=3, checked_timed_calls=3, job_timeout_s=120)
+PARALLEL_JOBS = 3
+
+# Verification jobs started in the background at the beginning of the session (name -> settings).
+TRITON_VERIFY = [
+    "honest", "honest_docstring", "wrong_answer", "nan_output", "all_nan", "wrong_shape", "wrong_dtype",
+    "torch_fallback", "torch_fallback_functional", "torch_fallback_partial", "no_launch", "numpy_with_alibi",
+    "torch_in_thread", "torch_in_thread_evasive", "torch_modes_disabled", "torch_dispatch_disabled",
+    "audit_patched", "audit_patched_evasive", "runner_patched", "runner_patched_evasive", "mutate_input",
+    "view_of_input", "uninit", "stale_buffer", "patch_timers", "patch_timers_aliased", "patch_torch_checks",
+    "patch_rng", "thread_deferred", "thread_left_running", "thread_left_running_evasive", "loosen_tolerance",
+    "exit_in_forward", "sys_exit_in_forward", "exit_at_import", "sys_exit_at_import", "huge_alloc",
+    "subclass_output", "read_reference", "symlink_to_ref", "bad_trial_file",
+]
+CPP_VERIFY = [
+    "honest", "honest_threads", "torch_ops", "torch_ops_direct", "torch_ops_hidden", "torch_ops_hidden_py",
+    "torch_ops_sources_edited", "uninit", "inplace", "deferred", "deferred_jthread",
+]
+
+
+# ============================================================================ helpers
+
+
+def why(result: EvalResult) -> str:
+    """Everything the result says about what went wrong, for assertions and their messages."""
+    parts = [f"correct={result.correct} reward={result.reward}"]
+    if result.error:
+        parts.append(f"error: {result.error}")
+    parts += [f"violation: {v}" for v in result.violations]
+    parts += [f"trial {t.trial}: {t.message}" for t in result.trials if not t.correct]
+    if result.runtime:
+        parts.append(f"runtime {result.runtime_ms:.4f} ms, eager {result.eager_ms}, compile {result.compile_ms}")
+    return "\n".join(parts)
+
+
+def assert_rejected(result: EvalResult, *reasons: str) -> None:
+    """Rejected (not correct, reward -1) and one of ``reasons`` (case-insensitive) said so."""
+    text = why(result)
+    assert not result.correct and result.reward == -1.0, f"the attack was accepted:\n{text}"
+    assert any(r.lower() in text.lower() for r in reasons), f"rejected, but not for {reasons}:\n{text}"
+
+
+def assert_honest(result: EvalResult) -> None:
+    text = why(result)
+    assert result.correct and not result.violations and result.error is None, f"an honest kernel was rejected:\n{text}"
+    assert result.reward is not None and result.reward >= 1.0, text
+    assert len(result.trials) == SETTINGS.trials and all(t.correct for t in result.trials), text
+
+
+def make_snapshot(root: Path, language: str, name: str, so_path: Path | None = None) -> Path:
+    """A snapshot directory as the broker makes it: model_new.py, kernels/, build/cuda_extension*.so."""
+    snap = root / f"{language}-{name}-{uuid.uuid4().hex[:6]}"
+    snap.mkdir(parents=True)
+    source = CANDIDATES / language / f"{name}.py"
+    shutil.copy2(source, snap / "model_new.py")
+    if language == "triton":
+        shutil.copytree(CANDIDATES / "triton" / "kernels", snap / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        # A cpp fixture names the kernel sources its snapshot carries: "# kernels: a.cpp b.h".
+        listed = next(line for line in source.read_text().splitlines() if line.startswith("# kernels:"))
+        (snap / "kernels").mkdir()
+        for file in listed.split(":", 1)[1].split():
+            shutil.copy2(CANDIDATES / "cpp" / "kernels" / file, snap / "kernels" / file)
+        (snap / "build").mkdir()
+        assert so_path is not None
+        shutil.copy2(so_path, snap / "build" / so_path.name)
+    return snap
+
+
+def make_job(snapshot: Path, language: str, mode: Mode, settings: EvalSettings = SETTINGS) -> EvalJob:
+    return EvalJob(job_id=uuid.uuid4().hex[:12], task_id=TASK.id, task_code=TASK_CODE, language=language,
+                   device="cpu", mode=mode, snapshot_dir=snapshot, settings=settings)
+
+
+def compile_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "TORCH_CUDA_ARCH_LIST")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "/usr/bin:/bin")])
+    return env
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Process ids of the sandboxes (bwrap) this session started for one job, found by the job's directory."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == os.getpid() and any(f"/job-{job_id}-".encode() in a for a in argv):
+            pids.append(int(entry.name))
+    return pids
+
+
+class Deadline:
+    """Runs evaluate() in a thread; if it is not answered in time, runs ``unstick`` to end the job."""
+
+    def __init__(self, job: EvalJob, baselines: BaselineCache, seconds: float, unstick):
+        self.job, self.seconds = job, seconds
+        self.result: EvalResult | None = None
+        self.raised: BaseException | None = None
+        started = time.monotonic()
+        worker = threading.Thread(target=self._run, args=(baselines,), daemon=True)
+        worker.start()
+        worker.join(seconds)
+        self.answered_in_time = not worker.is_alive()
+        self.elapsed = time.monotonic() - started
+        if not self.answered_in_time:
+            unstick(job)
+            worker.join(120)
+
+    def _run(self, baselines):
+        try:
+            self.result = evaluate(self.job, baselines=baselines)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            self.raised = exc
+
+
+def kill_candidate(job: EvalJob) -> None:
+    for pid in job_processes(job.job_id):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def open_fifo(job: EvalJob) -> None:
+    """Unblock a parent stuck opening a FIFO the candidate planted: be its writer, write junk, close."""
+    for fifo in glob.glob(f"/tmp/job-{job.job_id}-*/cand/cand_trial_*.pt"):
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        os.write(fd, b"not a tensor")
+        os.close(fd)
+    time.sleep(2)
+    kill_candidate(job)
+
+
+# ============================================================================ session fixtures
+
+
+def _cache_dir(pytestconfig, tmp_path_factory, name: str) -> Path:
+    cache = getattr(pytestconfig, "cache", None)
+    return Path(cache.mkdir(name)) if cache is not None else tmp_path_factory.mktemp(name)
+
+
+def _build_cpp_module(cache: Path, scratch: Path) -> Path:
+    """Build the cpp fixtures' cuda_extension once (cached by the hash of everything that goes into it)."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    inputs = sorted((CANDIDATES / "cpp" / "kernels").iterdir()) + [data_dir("workspace_template") / n for n in ("binding.cpp", "binding_registry.h")]
+    inputs.append(data_dir("workspace_template") / "utils" / "build.py")
+    for path in inputs:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    target = cache / digest.hexdigest()[:16]
+    built = list(target.glob("cuda_extension*.so"))
+    if built:
+        return built[0]
+    ws = Workspace.create(TASK, "cpp", root=scratch)
+    try:
+        shutil.rmtree(ws.path / "kernels")
+        shutil.copytree(CANDIDATES / "cpp" / "kernels", ws.path / "kernels")
+        proc = subprocess.run(["bash", "utils/compile.sh"], cwd=ws.path, env=compile_env(), capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"the cpp fixtures did not build:\n{proc.stdout}\n{proc.stderr}"
+        so = next((ws.path / "build").glob("cuda_extension*.so"))
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(so, target / so.name)
+        return target / so.name
+    finally:
+        ws.destroy()
+
+
+class Jobs:
+    """Evaluations of the candidates, started in the background; ``verify(lang, name)`` waits for one."""
+
+    def __init__(self, root: Path, baselines: BaselineCache, cpp_cache: Path, wanted: set[str]):
+        self.root, self.baselines = root, baselines
+        self.executor = ThreadPoolExecutor(PARALLEL_JOBS, thread_name_prefix="eval-job")
+        self.futures: dict[tuple[str, str], Future] = {}
+        self.cpp_module: Future = self.executor.submit(_build_cpp_module, cpp_cache, root / "cpp-build")
+        # Start every verification the selected tests will ask for, in file order.
+        for language, names in (("triton", TRITON_VERIFY), ("cpp", CPP_VERIFY)):
+            for name in names:
+                if name in wanted:
+                    self._submit(language, name)
+
+    def _submit(self, language: str, name: str) -> Future:
+        key = (language, name)
+        if key not in self.futures:
+            self.futures[key] = self.executor.submit(self._evaluate, language, name, Mode.VERIFY)
+        return self.futures[key]
+
+    def so(self) -> Path:
+        return self.cpp_module.result()
+
+    def snapshot(self, language: str, name: str) -> Path:
+        return make_snapshot(self.root / "snapshots", language, name, self.so() if language == "cpp" else None)
+
+    def _evaluate(self, language: str, name: str, mode: Mode, settings: EvalSettings = SETTINGS) -> EvalResult:
+        return evaluate(make_job(self.snapshot(language, name), language, mode, settings), baselines=self.baselines)
+
+    def verify(self, language: str, name: str) -> EvalResult:
+        return self._submit(language, name).result()
+
+    def timed(self, language: str, name: str, settings: EvalSettings = SETTINGS) -> EvalResult:
+        """A PROFILE job, run alone: every background job has finished first."""
+        self.wait_all()
+        return self._evaluate(language, name, Mode.PROFILE, settings)
+
+    def ensure_baselines(self) -> None:
+        """Have the eager/compile baselines of TASK measured (by an honest PROFILE job) unless they are cached."""
+        if self.baselines.get(self.baselines.key(TASK_CODE, "cpu", torch.__version__)) is None:
+            self.timed("triton", "honest")
+
+    def wait_all(self) -> None:
+        for future in list(self.futures.values()):
+            future.exception()
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="session")
+def baselines(pytestconfig, tmp_path_factory) -> BaselineCache:
+    return BaselineCache(_cache_dir(pytestconfig, tmp_path_factory, "kernel_env_eval_baselines"))
+
+
+def _wanted_candidates(session) -> set[str]:
+    """Candidate names quoted in the selected tests of this module (so `-k` runs only what it needs)."""
+    wanted = set()
+    for item in session.items:
+        function = getattr(item, "function", None)
+        if function is not None and getattr(function, "__module__", "") == __name__:
+            source = inspect.getsource(function)
+            wanted |= {name for name in TRITON_VERIFY + CPP_VERIFY if f'"{name}"' in source}
+    return wanted
+
+
+@pytest.fixture(scope="session")
+def jobs(request, pytestconfig, tmp_path_factory, baselines):
+    runner = Jobs(tmp_path_factory.mktemp("eval"), baselines, _cache_dir(pytestconfig, tmp_path_factory, "kernel_env_cpp_fixtures"),
+                  _wanted_candidates(request.session))
+    yield runner
+    runner.close()
+
+
+# ============================================================================ honest kernels
+
+
+def test_honest_triton_kernel_is_correct(jobs):
+    result = jobs.verify("triton", "honest")
+    assert_honest(result)
+    assert result.reward == 1.0 and result.runtime is None   # verified, not timed
+
+
+def test_honest_cpp_kernel_is_correct(jobs):
+    result = jobs.verify("cpp", "honest")
+    assert_honest(result)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FALSE POSITIVE (evaluators/static_rules.py _PYTHON_RULES): the regexes run over the whole file text, "
+    "docstrings and strings included (only '#' comments are skipped), so an honest model_new.py whose docstring "
+    "mentions torch.compile (the skill's own target) is rejected with 'uses a torch compiler'"))
+def test_honest_triton_kernel_whose_docstring_mentions_torch_compile_is_correct(jobs):
+    assert_honest(jobs.verify("triton", "honest_docstring"))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FALSE POSITIVE (evaluators/static_rules.py _NATIVE_RULES): any `std::thread` is refused, but the cpp skill "
+    "allows the C++ standard library and forbids only threads that outlive the call; an honest kernel that "
+    "splits its loop over two joined std::threads is rejected"))
+def test_honest_cpp_kernel_with_joined_std_threads_is_correct(jobs):
+    assert_honest(jobs.verify("cpp", "honest_threads"))
+
+
+# ============================================================================ wrong answers
+
+
+def test_wrong_answer_is_incorrect_with_the_first_bad_index(jobs):
+    result = jobs.verify("triton", "wrong_answer")
+    assert_rejected(result, "elements outside atol=0.01, rtol=0.01")
+    assert result.trials[0].first_bad_index is not None and result.trials[0].max_abs_error > 0.01
+
+
+def test_one_nan_in_the_output_is_incorrect(jobs):
+    result = jobs.verify("triton", "nan_output")
+    assert_rejected(result, "1 NaN where the reference is not NaN")
+    assert result.trials[0].first_bad_index == [1234]
+
+
+def test_an_all_nan_output_is_incorrect(jobs):
+    assert_rejected(jobs.verify("triton", "all_nan"), "16384 NaN where the reference is not NaN")
+
+
+def test_wrong_shape_is_incorrect(jobs):
+    assert_rejected(jobs.verify("triton", "wrong_shape"), "has shape (128, 128), expected (16384,)")
+
+
+def test_wrong_dtype_is_incorrect(jobs):
+    assert_rejected(jobs.verify("triton", "wrong_dtype"), "has dtype torch.float64, expected torch.float32")
+
+
+@pytest.mark.parametrize("language", ["triton", "cpp"])
+def test_uninitialised_output_is_incorrect(jobs, language):
+    assert_rejected(jobs.verify(language, "uninit"), "elements outside")
+
+
+def test_fresh_buffers_hoping_for_a_stale_answer_are_incorrect(jobs):
+    assert_rejected(jobs.verify("triton", "stale_buffer"), "elements outside")
+
+
+def test_tensor_subclass_output_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "subclass_output"), "returned Agreeable instead of plain tensors", "tensor subclass")
+
+
+# ============================================================================ torch compute instead of kernels
+
+
+def test_torch_fallback_without_triton_breaks_two_rules(jobs):
+    result = jobs.verify("triton", "torch_fallback")
+    assert_rejected(result, "torch computes inside ModelNew.forward")
+    text = why(result)
+    assert "add x1" in text and "relu x1" in text
+    assert "launched no Triton kernel" in text
+
+
+def test_functional_fallback_with_a_noop_launch_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "torch_fallback_functional"), "torch computes inside ModelNew.forward (add x1, relu x1)")
+
+
+def test_half_torch_half_triton_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "torch_fallback_partial"), "torch computes inside ModelNew.forward (add x1)")
+
+
+def test_no_triton_launch_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "no_launch"), "launched no Triton kernel")
+
+
+def test_torch_compute_from_cpp_through_the_dispatcher_is_rejected(jobs):
+    assert_rejected(jobs.verify("cpp", "torch_ops"), "torch computes inside ModelNew.forward (add x1, relu x1)")
+
+
+def test_torch_compute_in_a_binary_built_from_other_sources_is_rejected(jobs):
+    # The snapshot's kernels/ holds only innocent sources; the built module calls torch::relu/add.
+    assert_rejected(jobs.verify("cpp", "torch_ops_sources_edited"), "torch computes inside ModelNew.forward")
+
+
+def test_torch_compute_in_a_thread_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "torch_in_thread"), "torch computes", "threading")
+
+
+def test_torch_compute_with_dispatch_modes_disabled_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "torch_modes_disabled"), "torch computes", "dispatch modes")
+
+
+def test_disarming_the_auditor_through_the_module_table_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "audit_patched"), "torch computes", "changed the harness", "harness or library attributes")
+
+
+def test_rewriting_the_runner_through_the_module_table_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "runner_patched"), "torch computes", "changed the harness", "harness or library attributes")
+
+
+def test_torch_compute_from_cpp_with_all_python_keys_excluded_is_rejected(jobs):
+    assert_rejected(jobs.verify("cpp", "torch_ops_hidden"), "torch computes", "thread-local state")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/guards.py KernelLaunchCounter + TorchComputeAudit): numpy computes relu(x + y) and a "
+    "no-op Triton launch satisfies 'a Triton kernel ran'; nothing checks that the launched kernels produced the "
+    "output (skill: 'no other libraries')"))
+def test_numpy_compute_with_a_noop_triton_launch_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "numpy_with_alibi"), "numpy", "torch computes", "launched no Triton kernel", "library")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/guards.py TorchComputeAudit): `with torch._C._DisableTorchDispatch():` turns Python "
+    "dispatch off, so the audit's TorchDispatchMode never sees torch.relu(x + y); static_rules does not name it"))
+def test_torch_compute_under_disable_torch_dispatch_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "torch_dispatch_disabled"), "torch computes", "dispatch")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/guards.py TorchComputeAudit is thread-local): torch compute in a thread started with "
+    "`import _thread` (static_rules only refuses `threading`, `concurrent`, `multiprocessing`) and joined "
+    "through a lock runs outside the dispatch mode; the thread has ended, so no thread check sees it either"))
+def test_torch_compute_in_a_low_level_thread_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "torch_in_thread_evasive"), "torch computes", "thread")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/guards.py Integrity + static_rules.py): `getattr(sys, 'mod' 'ules')['guards']` reaches the "
+    "harness module without the literal text `sys.modules`, and replacing TorchComputeAudit.__torch_dispatch__ (a "
+    "class attribute) is not a replaced module attribute, so the integrity snapshot does not see it; the "
+    "audit records nothing and torch.relu(x + y) passes"))
+def test_disarming_the_auditor_without_naming_the_module_table_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "audit_patched_evasive"), "torch computes", "changed the harness")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/runner.py runs as __main__; guards._watched() only watches modules named "
+    "'timing'/'guards'/'runner'): the candidate replaces Runner._audited_call / cmd_cand_integrity / _time and "
+    "every child-reported check (torch ops, launches, integrity, times) says what it wants; pure torch passes "
+    "as Triton"))
+def test_rewriting_the_runner_without_naming_the_module_table_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "runner_patched_evasive"), "torch computes", "changed the harness", "launched no Triton")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/guards.py TorchComputeAudit sees the dispatcher only): the C++ binding calls "
+    "at::cpu::add / at::cpu::clamp_min, ATen's CPU kernels without the dispatcher; no dispatch mode sees them and "
+    "static_rules has no rule for at::cpu:: / at::native:: (the cpp skill forbids every at::* operator)"))
+def test_torch_compute_from_cpp_past_the_dispatcher_is_rejected(jobs):
+    assert_rejected(jobs.verify("cpp", "torch_ops_direct"), "torch computes", "at::")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/guards.py + static_rules.py _NATIVE_RULES): c10::impl::ExcludeDispatchKeyGuard "
+    "(c10::DispatchKey::Python) hides at::relu/at::add from the Python dispatch mode; the text rule only knows "
+    "PythonTLSSnapshot / DispatchModeTLS / impl::tls_"))
+def test_torch_compute_from_cpp_with_the_python_key_excluded_is_rejected(jobs):
+    assert_rejected(jobs.verify("cpp", "torch_ops_hidden_py"), "torch computes", "dispatch")
+
+
+# ============================================================================ inputs, threads, processes
+
+
+def test_mutating_an_input_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "mutate_input"), "modified its input tensors in place")
+
+
+def test_returning_a_view_of_a_mutated_input_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "view_of_input"), "modified its input tensors in place")
+
+
+def test_cpp_writing_into_an_input_is_rejected(jobs):
+    assert_rejected(jobs.verify("cpp", "inplace"), "modified its input tensors in place")
+
+
+def test_work_deferred_to_a_python_thread_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "thread_deferred"), "elements outside", "left threads running", "threading")
+
+
+@pytest.mark.parametrize("name", ["deferred", "deferred_jthread"])
+def test_work_deferred_to_a_native_thread_is_rejected(jobs, name):
+    assert_rejected(jobs.verify("cpp", name), "elements outside", "threads or processes")
+
+
+def test_a_thread_left_running_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "thread_left_running"), "left threads running", "threading")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/guards.py Integrity.new_threads uses threading.enumerate): a thread started with "
+    "_thread.start_new_thread is not listed there, and static_rules does not refuse `import _thread`"))
+def test_a_low_level_thread_left_running_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "thread_left_running_evasive"), "threads")
+
+
+# ============================================================================ patching the harness from inside
+
+
+def test_patched_timers_are_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "patch_timers"), "time.perf_counter", "harness or library attributes")
+
+
+def test_patched_timers_through_aliases_are_reported_by_the_integrity_check(jobs):
+    result = jobs.verify("triton", "patch_timers_aliased")
+    assert_rejected(result, "ModelNew changed the harness: time.perf_counter_ns was replaced")
+    assert "torch.cuda.Event was replaced" in why(result)
+
+
+def test_patched_torch_comparisons_are_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "patch_torch_checks"), "torch.allclose", "harness or library attributes")
+
+
+def test_patched_random_number_generators_are_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "patch_rng"), "torch.manual_seed", "harness or library attributes")
+
+
+def test_tolerances_cannot_be_loosened_from_inside(jobs):
+    result = jobs.verify("triton", "loosen_tolerance")
+    assert_rejected(result, "max abs error 0.5")
+    assert all(t.message == "" or "atol=0.01, rtol=0.01" in t.message for t in result.trials)
+
+
+# ============================================================================ process death and resources
+
+
+def test_os_exit_in_forward_is_a_clear_error(jobs):
+    assert_rejected(jobs.verify("triton", "exit_in_forward"), "the candidate process died during cand_trials (exit code 0)")
+
+
+def test_sys_exit_in_forward_is_a_clear_error(jobs):
+    assert_rejected(jobs.verify("triton", "sys_exit_in_forward"), "SystemExit")
+
+
+def test_os_exit_at_import_is_a_clear_error(jobs):
+    assert_rejected(jobs.verify("triton", "exit_at_import"), "the candidate process died during cand_load (exit code 0)")
+
+
+def test_sys_exit_at_import_is_a_clear_error(jobs):
+    assert_rejected(jobs.verify("triton", "sys_exit_at_import"), "SystemExit")
+
+
+def test_a_huge_allocation_is_a_clear_error(jobs):
+    assert_rejected(jobs.verify("triton", "huge_alloc"), "can't allocate memory", "out of memory")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "NO KNOB (evaluators/harness.py): every step but warm-up/timing uses _STEP_TIMEOUT_S = 300 s, bound as the "
+    "default argument of _Evaluation._ask at import, so neither EvalSettings.job_timeout_s nor a patched module "
+    "global shortens it: an endless loop in forward during the correctness trials (or at import) holds the "
+    "worker for 5 minutes per job"))
+def test_an_endless_loop_in_forward_ends_at_the_configured_timeout(jobs):
+    settings = SETTINGS.model_copy(update={"job_timeout_s": 10.0})
+    job = make_job(jobs.snapshot("triton", "endless_loop"), "triton", Mode.VERIFY, settings)
+    run = Deadline(job, jobs.baselines, 45.0, kill_candidate)
+    assert run.answered_in_time, f"no answer within 45 s with job_timeout_s=10 (ended it after {run.elapsed:.0f}s)"
+    assert_rejected(run.result, "took longer than")
+
+
+# ============================================================================ reaching the reference
+
+
+def test_reference_outputs_cannot_be_found_on_disk(jobs):
+    assert_rejected(jobs.verify("triton", "read_reference"), "elements outside")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/harness.py check_trials: torch.load(self.dir / 'cand' / f'cand_trial_{index}.pt')): the "
+    "candidate's writable /job/cand is the parent's job_dir/cand; a relative symlink cand_trial_i.pt -> "
+    "../ref/ref_trial_i.pt (plus mkdir /job/ref in the sandbox so the runner's save succeeds) makes the parent "
+    "load the REFERENCE as the candidate's output. A forward that computes nothing passes verification"))
+def test_links_from_the_candidate_directory_to_the_reference_are_not_followed(jobs):
+    assert_rejected(jobs.verify("triton", "symlink_to_ref"), "elements outside", "link")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "CRASH (evaluators/harness.py check_trials): a candidate-planted cand_trial_i.pt that is no tensor file "
+    "(here a link to /dev/zero) makes torch.load raise UnpicklingError out of evaluate(); only LocalPool's "
+    "catch-all turns it into 'internal evaluation error'"))
+def test_a_candidate_planted_trial_file_is_an_error_result_not_an_exception(jobs):
+    future = jobs._submit("triton", "bad_trial_file")
+    assert future.exception() is None, f"evaluate() raised {future.exception()!r}"
+    assert_rejected(future.result(), "trial", "output")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HANG (evaluators/harness.py check_trials): a forked helper in the candidate sandbox swaps cand_trial_0.pt for "
+    "a FIFO; the parent's torch.load blocks in open() forever, with no timeout, and the job is never answered "
+    "(the pool worker is lost)"))
+def test_a_fifo_planted_in_the_candidate_directory_does_not_hang_the_parent(jobs):
+    job = make_job(jobs.snapshot("triton", "fifo_hang"), "triton", Mode.VERIFY)
+    run = Deadline(job, jobs.baselines, 60.0, open_fifo)
+    assert run.answered_in_time, f"evaluate() was still blocked after {run.elapsed:.0f}s"
+    assert run.raised is None and run.result is not None
+    assert not run.result.correct
+
+
+# ============================================================================ timed: honest kernels
+
+
+def test_honest_triton_kernel_is_timed(jobs):
+    jobs.ensure_baselines()
+    result = jobs.timed("triton", "honest")
+    assert_honest(result)
+    assert result.runtime is not None and result.runtime.calls == SETTINGS.timed_calls
+    assert result.eager_ms and result.compile_ms and result.runtime_ms > 0
+
+
+CLOCK_FALSE_POSITIVE = (
+    "FALSE POSITIVE, intermittent (evaluators/harness.py _clock_mismatch): the parent brackets each timed call "
+    "by the arrival times of two pipe messages and allows 1.5x the claimed time + 1 ms per call; on a loaded host "
+    "(here: a 2-core box with other jobs) the parent is scheduled late often enough that an honest ~0.1 ms C++ "
+    "kernel is flagged 'timing does not add up ... (patched timer or hidden work?)' in about 1 run of 3 "
+    "(seen: claimed 1.27 ms, bracket 16.8 ms over 10 calls). A GPU worker's host, shared with agent sandboxes "
+    "that compile, is loaded too")
+
+
+@pytest.mark.xfail(strict=False, reason=CLOCK_FALSE_POSITIVE)
+def test_honest_cpp_kernel_is_timed_and_accepted_every_time(jobs):
+    for attempt in range(4):
+        result = jobs.timed("cpp", "honest")
+        print(f"cpp honest #{attempt}: {result.runtime_ms} ms vs eager {result.eager_ms} ms, compile {result.compile_ms} ms, "
+              f"reward {result.reward}, violations {result.violations}")
+        assert_honest(result)
+        assert result.runtime is not None and result.runtime_ms > 0
+
+
+@pytest.fixture(scope="module")
+def slow_honest(jobs) -> EvalResult:
+    return jobs.timed("cpp", "slow_honest")
+
+
+@pytest.mark.xfail(strict=False, reason=CLOCK_FALSE_POSITIVE)
+def test_slow_honest_cpp_kernel_is_correct_and_timed_slow(slow_honest):
+    assert_honest(slow_honest)
+    assert slow_honest.reward == 1.0, why(slow_honest)     # ~0.5 ms against eager's ~0.1 ms
+
+
+# ============================================================================ timed: attacks
+
+
+def test_an_endless_loop_in_a_timed_call_ends_at_the_configured_timeout(jobs):
+    """The knob for timed phases is EvalSettings.job_timeout_s (warm-up and timed calls)."""
+    settings = SETTINGS.model_copy(update={"job_timeout_s": 10.0})
+    jobs.ensure_baselines()   # their torch.compile step alone takes ~30 s here
+    job = make_job(jobs.snapshot("triton", "endless_loop_after_trials"), "triton", Mode.PROFILE, settings)
+    run = Deadline(job, jobs.baselines, 150.0, kill_candidate)
+    assert run.answered_in_time and run.raised is None, f"no answer in {run.elapsed:.0f}s"
+    assert_rejected(run.result, "took longer than 10s and was killed")
+
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "CRASH (evaluators/harness.py run_reference): a ChildError in the reference process (here ref_time, the "
+    "torch.compile baseline, killed by job_timeout_s) is not caught: it propagates out of evaluate() as an "
+    "exception; run_candidate catches ChildError, run_reference does not. (Also: job_timeout_s bounds the "
+    "baseline measurement, which needs ~30 s of torch.compile on this CPU.)"))
+def test_a_reference_side_failure_is_an_error_result(jobs, tmp_path):
+    jobs.wait_all()
+    settings = SETTINGS.model_copy(update={"job_timeout_s": 2.0})
+    job = make_job(jobs.snapshot("triton", "honest"), "triton", Mode.PROFILE, settings)
+    try:
+        result = evaluate(job, baselines=BaselineCache(tmp_path / "fresh-baselines"))
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"evaluate() raised {exc!r} instead of returning a result")
+    assert result.error and "took longer than" in result.error and result.reward == -1.0
+
+
+@pytest.mark.parametrize("language", ["triton", "cpp"])
+def test_caching_by_input_address_is_rejected(jobs, language):
+    # Every timed call is checked here. With the default protocol (3 of 30 timed calls checked) a
+    # replay that hits on a fraction f of the calls escapes with probability about (1 - f)^3: see the report.
+    # Whether an address repeats is up to the allocator: accepted means no call returned a stale answer.
+    settings = SETTINGS.model_copy(update={"checked_timed_calls": SETTINGS.timed_calls})
+    result = jobs.timed(language, "cache_by_ptr", settings)
+    if result.correct:
+        assert not result.violations and result.reward >= 1.0, why(result)
+    else:
+        assert_rejected(result, "returned a wrong result", "elements outside")
+
+
+def test_replaying_after_the_warm_up_is_rejected(jobs):
+    assert_rejected(jobs.timed("triton", "replay_after_warmup"), "timed call", "returned a wrong result")
+
+
+def test_detecting_the_audit_and_replaying_is_rejected(jobs):
+    assert_rejected(jobs.timed("triton", "detect_audit_and_replay"), "returned a wrong result", "dispatch modes")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/runner.py: the torch-compute audit and the launch count run only during the correctness "
+    "trials): a call counter is enough to run the Triton kernel in the 5 trials and torch.relu(x + y) in every "
+    "timed call; the timed outputs are right, so the fingerprints match, and torch is what gets timed"))
+def test_timed_calls_must_run_the_same_code_as_the_checked_calls(jobs):
+    assert_rejected(jobs.timed("triton", "torch_when_unaudited"), "torch computes", "launched no Triton kernel")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/timing.py time_calls / runner.py: the type of a timed call's output is never checked, and "
+    "fingerprint() reads the output after the end mark and after the 'end' signal the parent brackets): after the "
+    "trials and warm-ups forward returns a __torch_dispatch__ wrapper subclass holding only the inputs; the "
+    "fingerprint's first read runs the real 13 ms kernel outside every clock, so it is reported at ~0.1 ms, "
+    "reward 3, for a kernel of any size"))
+def test_work_deferred_into_a_lazy_output_is_timed_honestly(jobs):
+    result = jobs.timed("triton", "lazy_output")
+    if result.correct:
+        honest = jobs.timed("triton", "honest")
+        assert result.runtime_ms >= 0.5 * honest.runtime_ms, (
+            f"lazy output timed at {result.runtime_ms:.4f} ms, the honest kernel at {honest.runtime_ms:.4f} ms\n{why(result)}")
+    else:
+        assert_rejected(result, "plain tensor", "tensor subclass", "instead of plain tensors")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/timing.py _Marks.elapsed_ms is a class attribute the integrity snapshot does not cover; "
+    "harness.py's wall-clock check allows 1.5x the claimed time + 1 ms per call): the candidate divides its "
+    "reported times by 1000; ~0.5 ms of real work per call hides in the 1 ms allowance, so a kernel 3-5x slower "
+    "than eager is reported 100x faster than eager and earns reward 3. Any kernel can also claim 1/1.5 of its time"),
+    )
+def test_forged_elapsed_times_are_rejected_or_timed_honestly(jobs, slow_honest):
+    result = jobs.timed("cpp", "timer_class_patch")
+    if result.correct:
+        assert result.runtime_ms >= 0.5 * slow_honest.runtime_ms, (
+            f"forged timing accepted: {result.runtime_ms:.5f} ms reported for the work slow_honest does in "
+            f"{slow_honest.runtime_ms:.4f} ms; reward {result.reward}\n{why(result)}")
+    else:
+        assert_rejected(result, "timing does not add up", "changed the harness")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SLIPS (evaluators/runner.py as __main__, see test_rewriting_the_runner_without_naming_the_module_table): "
+    "with Runner._time patched to report a hundredth of each time, pure torch is reported ~100x faster than eager "
+    "and earns reward 3; the wall-clock check's 1 ms per call covers the real ~0.1 ms"))
+def test_a_rewritten_runner_cannot_earn_a_speed_reward(jobs):
+    result = jobs.timed("triton", "runner_patched_evasive")
+    assert result.reward == -1.0, why(result)
+
+
+# ============================================================================ the broker: snapshots and protected files
+
+
+@pytest.fixture
+def triton_workspace(tmp_path):
+    ws = Workspace.create(TASK, "triton", root=tmp_path / "ws")
+    shutil.copy2(CANDIDATES / "triton" / "honest.py", ws.path / "model_new.py")
+    shutil.copytree(CANDIDATES / "triton" / "kernels", ws.path / "kernels", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    yield ws
+    ws.destroy()
+
+
+class _NoPool:
+    """A pool that must not be reached (the broker refuses before submitting)."""
+
+    def submit(self, job):
+        raise AssertionError(f"the broker submitted {job.job_id} although it should have refused")
+
+    def close(self):
+        pass
+
+
+def _force_write(path: Path, text: str) -> None:
+    path.chmod(0o644)
+    path.write_text(text)
+
+
+@pytest.mark.parametrize(
+    ("tamper", "expected"),
+    [
+        (lambda ws: _force_write(ws.path / "model.py", TASK_CODE.replace("torch.relu(x + y)", "x + y")), "model.py"),
+        (lambda ws: _force_write(ws.path / "SKILL.md", "anything goes\n"), "SKILL.md"),
+        (lambda ws: _force_write(ws.path / "utils" / "verification.py", "print('PASS')\n"), "utils/verification.py"),
+        (lambda ws: (ws.path / "utils").chmod(0o755) or (ws.path / "utils" / "sitecustomize.py").write_text("x = 1\n"),
+         "utils/sitecustomize.py"),
+        (lambda ws: (ws.path / "utils").chmod(0o755) or (ws.path / "utils" / "profiling.py").unlink(), "utils/profiling.py"),
+    ],
+    ids=["model.py", "SKILL.md", "utils-edited", "utils-added", "utils-removed"],
+)
+def test_broker_refuses_a_workspace_with_tampered_protected_files(triton_workspace, tamper, expected):
+    tamper(triton_workspace)
+    result = Broker(_NoPool(), device="cpu", settings=SETTINGS).evaluate_workspace(triton_workspace, Mode.PROFILE)
+    assert not result.correct and result.reward == -1.0
+    assert result.error == "protected files were modified"
+    assert f"protected file changed: {expected}" in result.violations
+
+
+def test_snapshot_never_follows_links_or_reads_special_files(triton_workspace, tmp_path):
+    ws = triton_workspace
+    secret = tmp_path / "host_secret.txt"
+    secret.write_text("TOP SECRET host file\n")
+    (ws.path / "kernels" / "leak.py").symlink_to(secret)
+    (ws.path / "kernels" / "etc").symlink_to("/etc")
+    os.mkfifo(ws.path / "kernels" / "pipe.py")           # opening it for reading would block a naive copier
+    (ws.path / "build").mkdir()
+    (ws.path / "build" / "cuda_extension.so").symlink_to(secret)
+    started = time.monotonic()
+    digest, notes = snapshot_workspace(ws, tmp_path / "snap")
+    assert time.monotonic() - started < 10
+    copied = sorted(str(p.relative_to(tmp_path / "snap")) for p in (tmp_path / "snap").rglob("*") if p.is_file())
+    assert copied == ["kernels/relu_add.py", "model_new.py"], copied
+    assert not any("TOP SECRET" in p.read_text(errors="replace") for p in (tmp_path / "snap").rglob("*") if p.is_file())
+    assert "ignored the symbolic link kernels/leak.py" in notes and "ignored the symbolic link kernels/etc" in notes
+    assert "ignored the symbolic link build/cuda_extension.so" in notes
+
+
+def test_snapshot_of_a_linked_model_new_or_kernels_dir_has_neither(triton_workspace, tmp_path):
+    ws = triton_workspace
+    outside = tmp_path / "outside"
+    shutil.copytree(ws.path / "kernels", outside)
+    shutil.rmtree(ws.path / "kernels")
+    (ws.path / "kernels").symlink_to(outside)
+    (ws.path / "model_new.py").unlink()
+    (ws.path / "model_new.py").symlink_to(CANDIDATES / "triton" / "honest.py")
+    snapshot_workspace(ws, tmp_path / "snap")
+    assert not any((tmp_path / "snap").rglob("*")), list((tmp_path / "snap").rglob("*"))
+
+
+def test_snapshot_size_is_bounded(triton_workspace, tmp_path):
+    big = triton_workspace.path / "kernels" / "weights.bin"
+    with open(big, "wb") as handle:          # sparse: costs nothing on disk
+        handle.truncate(300 << 20)
+    result = Broker(_NoPool(), device="cpu", settings=SETTINGS).evaluate_workspace(triton_workspace, Mode.VERIFY)
+    assert not result.correct and result.reward == -1.0 and "exceed 256 MB" in (result.error or "")
+
+
+def test_broker_evaluates_a_workspace_with_links_in_kernels_on_the_snapshot_alone(triton_workspace, tmp_path, baselines):
+    ws = triton_workspace
+    secret = tmp_path / "host_secret.py"
+    secret.write_text("raise SystemExit('the host file was imported')\n")
+    (ws.path / "kernels" / "host.py").symlink_to(secret)
+    pool = LocalPool(["cpu"], baselines=baselines)
+    try:
+        result = Broker(pool, device="cpu", settings=SETTINGS).evaluate_workspace(ws, Mode.VERIFY)
+    finally:
+        pool.close()
+    assert_honest(result)
+    assert "ignored the symbolic link kernels/host.py" in result.log_tail

@@ -1,0 +1,70 @@
+"""The timing protocol's own pieces: one timing path, fingerprints, and the parent's clock check."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from kernel_env.evaluators.harness import _clock_mismatch
+from kernel_env.evaluators.timing import fingerprint, fingerprints_match, time_calls
+
+
+def _inputs(seed: int) -> list[torch.Tensor]:
+    torch.manual_seed(seed)
+    return [torch.randn(4096), torch.randn(4096)]
+
+
+def test_time_calls_times_every_call_and_signals_around_it():
+    events = []
+    times, prints = time_calls(lambda x, y: torch.relu(x + y), _inputs, [1, 2, 3], torch.device("cpu"),
+                               warmup_seeds=[9], flush_bytes=1 << 20, fp_seed=5,
+                               signal=lambda kind, k: events.append((kind, k)))
+    assert len(times) == 3 and all(t > 0 for t in times)
+    assert events == [("start", 0), ("end", 0), ("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+    assert len(prints) == 3 and prints[0] != prints[1]  # different seeds, different outputs
+
+
+def test_timed_outputs_are_poisoned_after_their_fingerprint():
+    kept = []
+
+    def fn(x, y):
+        out = x + y
+        kept.append(out)
+        return out
+
+    time_calls(fn, _inputs, [1], torch.device("cpu"), flush_bytes=1 << 20)
+    assert torch.isnan(kept[0]).all()
+
+
+def test_fingerprints_match_within_tolerance_and_not_beyond():
+    ref = torch.randn(1000)
+    a = fingerprint(ref, 7)
+    assert fingerprints_match(a, fingerprint(ref + 1e-4, 7), 1e-2, 1e-2)
+    assert not fingerprints_match(a, fingerprint(ref + 1.0, 7), 1e-2, 1e-2)
+    assert not fingerprints_match(a, fingerprint(torch.full_like(ref, float("nan")), 7), 1e-2, 1e-2)
+    assert not fingerprints_match(a, fingerprint(ref[:999], 7), 1e-2, 1e-2)
+
+
+def _marks(durations_ms: list[float]) -> list[tuple[str, int, float]]:
+    marks, now = [], time.perf_counter()
+    for k, duration in enumerate(durations_ms):
+        marks.append(("start", k, now))
+        now += duration / 1e3
+        marks.append(("end", k, now))
+        now += 0.01
+    return marks
+
+
+def test_honest_times_agree_with_the_parents_clock():
+    assert _clock_mismatch([2.0] * 10, _marks([2.1] * 10)) is None
+
+
+def test_under_reported_times_are_caught_by_the_parents_clock():
+    problem = _clock_mismatch([0.1] * 10, _marks([20.0] * 10))
+    assert problem and "timing does not add up" in problem
+
+
+def test_missing_call_marks_are_reported():
+    marks = _marks([1.0] * 10)[:-2]
+    assert "did not report every timed call" in _clock_mismatch([1.0] * 10, marks)

@@ -1,0 +1,611 @@
+"""utils/build.py — builds this workspace's kernels (PROTECTED: read-only, hash-checked).
+
+Run it as ``bash utils/compile.sh`` (CUDA: ``TORCH_CUDA_ARCH_LIST=9.0 bash utils/compile.sh``).
+``bash utils/compile.sh kernels/foo.cu`` compiles just the named sources, without linking
+(a quick "does this file compile?").
+
+What it does, by workspace kind (read from SKILL.md's ``name:``; without one, from the files):
+
+* cuda / cpp — writes ``build/build.ninja`` and runs ninja: one object per source
+  (``binding.cpp`` and every ``kernels/*.cpp`` with g++, every ``kernels/*.cu`` with nvcc),
+  linked into ``build/cuda_extension<EXT_SUFFIX>``, importable as ``cuda_extension`` with
+  ``build/`` on ``sys.path``. Ninja rebuilds only what changed (header edits are tracked
+  through compiler depfiles) and relinks. A freshly linked module is loaded (dlopen,
+  RTLD_NOW) in a child process, which catches undefined symbols here rather than on the GPU
+  worker; duplicate REGISTER_BINDING names are caught from the sources. A failed build
+  removes the module (and build/build_info.json), so no stale build can be verified or
+  profiled by mistake. A good one writes build/build_info.json: the sha256 of every source
+  it was built from, so a later edit that was never built can be detected.
+* triton — nothing to build: Triton kernels compile when they first launch. Byte-compiles
+  ``model_new.py`` and ``kernels/*.py`` (into a temp dir) to catch syntax errors.
+
+Output is short and meant for a model to read: one line per compiled source, the
+compiler's first errors with file:line (trimmed), and a final ``BUILD OK: ...`` /
+``BUILD FAILED: ...`` line; the exit status is 0 only on success.
+
+Flags: g++ ``-O3 -std=c++<torch's> -fPIC``, torch's include paths, ``-D_GLIBCXX_USE_CXX11_ABI``
+from torch, ``-DTORCH_EXTENSION_NAME=cuda_extension -DTORCH_API_INCLUDE_EXTENSION_H``; cpp
+workspaces add ``-fopenmp`` (the same libgomp torch uses). nvcc ``-O3 -lineinfo
+--expt-relaxed-constexpr --extended-lambda`` and ``-gencode`` for each arch of
+``TORCH_CUDA_ARCH_LIST`` (else ``KERNEL_ENV_CUDA_ARCH``, else 9.0: the sandbox has no GPU to
+ask). Links ``-lc10 -ltorch_cpu -ltorch -ltorch_python`` (+ ``-lc10_cuda -ltorch_cuda
+-lcudart``, and cuBLAS/cuDNN when they are installed, only if used), rpath to their dirs.
+torch-derived settings are cached in ``build/.toolchain.json`` (importing torch costs ~2 s),
+keyed on the Python, the torch install and this file.
+
+It must never: write outside ``build/`` and a temp dir (utils/ is read-only: no
+__pycache__), use the network, use ccache, import or run ``model_new.py``, or leave an
+old module in place after a failed build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import py_compile
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # the workspace
+BUILD = Path("build")  # relative to ROOT (we chdir there), so compiler messages say kernels/x.cu:12
+MODULE = "cuda_extension"
+TOOLCHAIN_CACHE = BUILD / ".toolchain.json"
+NINJA_STATUS = "@@ninja "  # marks ninja's status lines in its output
+MAX_ERRORS_PER_FILE = 5
+MAX_ERRORS = 12
+CONTEXT_LINES = 5
+MAX_WARNINGS = 6
+MAX_LINE = 400
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+DEFAULT_ARCH = "9.0"
+NAMED_ARCHES = {"volta": "7.0", "turing": "7.5", "ampere": "8.0;8.6", "ada": "8.9", "hopper": "9.0", "blackwell": "10.0"}
+
+
+class BuildError(Exception):
+    """A problem that ends the build; the message is the one line the agent reads."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def clip(line: str) -> str:
+    return line if len(line) <= MAX_LINE else line[: MAX_LINE - 5] + " ...)"
+
+
+def workspace_kind() -> str:
+    """'cuda', 'cpp' or 'triton': SKILL.md's front-matter name, else guessed from the files."""
+    skill = Path("SKILL.md")
+    if skill.is_file():
+        text = skill.read_text(errors="replace")
+        if text.startswith("---"):
+            front = text.split("---", 2)[1] if text.count("---") >= 2 else ""
+            match = re.search(r"^name:\s*['\"]?([\w-]+)", front, re.M)
+            if match and match.group(1) in ("cuda", "cpp", "triton"):
+                return match.group(1)
+    if not Path("binding.cpp").is_file():
+        return "triton"
+    if any(Path("kernels").glob("*.cu")) or any(Path("kernels").glob("*.cuh")):
+        return "cuda"
+    return "cpp"
+
+
+# --------------------------------------------------------------------------- triton
+
+
+def check_python_sources() -> int:
+    say("Triton workspace: nothing to compile ahead of time; Triton kernels are JIT-compiled at")
+    say("their first launch (in utils.verification / utils.profiling, on the GPU worker).")
+    say("Checking Python syntax of model_new.py and kernels/*.py ...")
+    files = [p for p in [Path("model_new.py"), *sorted(Path("kernels").glob("*.py"))] if p.is_file()]
+    if not Path("model_new.py").is_file():
+        say("BUILD FAILED: model_new.py is missing (it must define ModelNew)")
+        return 1
+    errors = syntax_errors(files)
+    for err in errors:
+        say(err)
+    if errors:
+        say(f"BUILD FAILED: {len(errors)} file(s) with syntax errors")
+        return 1
+    if not re.search(r"^class\s+ModelNew\b", Path("model_new.py").read_text(errors="replace"), re.M):
+        say("BUILD FAILED: model_new.py does not define class ModelNew")
+        return 1
+    say(f"CHECK OK: {', '.join(str(f) for f in files)} (syntax only; run python3 -m utils.verification to test)")
+    return 0
+
+
+def syntax_errors(files: list[Path]) -> list[str]:
+    """Byte-compile into a temp dir (never __pycache__ in the workspace); one message per bad file."""
+    errors = []
+    with tempfile.TemporaryDirectory(prefix="kernel_env_pycheck_") as tmp:
+        for i, path in enumerate(files):
+            try:
+                py_compile.compile(str(path), cfile=os.path.join(tmp, f"{i}.pyc"), doraise=True)
+            except py_compile.PyCompileError as exc:
+                inner = exc.exc_value
+                if isinstance(inner, SyntaxError):
+                    where = f"{path}:{inner.lineno}" + (f":{inner.offset}" if inner.offset else "")
+                    text = (inner.text or "").rstrip("\n")
+                    errors.append(f"{where}: error: {inner.msg}" + (f"\n    {text.strip()}" if text.strip() else ""))
+                else:
+                    errors.append(f"{path}: error: {exc.msg.strip().splitlines()[-1]}")
+    return errors
+
+
+# --------------------------------------------------------------------------- toolchain
+
+
+def toolchain_key() -> str:
+    """Identifies the Python + torch install + this script without importing torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        raise BuildError(f"{sys.executable} cannot find torch; the build needs the Python that has torch installed")
+    torch_dir = Path(spec.origin).parent
+    version_file = torch_dir / "version.py"
+    stat = version_file.stat() if version_file.exists() else None
+    parts = [sys.executable, sys.version, str(torch_dir), str(stat and (stat.st_mtime_ns, stat.st_size)),
+             hashlib.sha256(Path(__file__).read_bytes()).hexdigest()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def torch_settings() -> dict:
+    """Include/lib dirs, C++ ABI and standard from torch; cached in build/.toolchain.json."""
+    key = toolchain_key()
+    try:
+        cached = json.loads(TOOLCHAIN_CACHE.read_text())
+        if cached.get("key") == key:
+            return cached
+    except (OSError, ValueError):
+        pass
+    import logging
+
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # its CUDA_HOME guess is ours to make
+    try:
+        import torch
+        import torch.utils.cpp_extension as cpp_extension
+    except Exception as exc:  # noqa: BLE001 - any import failure is one line for the agent
+        raise BuildError(f"{sys.executable} cannot import torch: {type(exc).__name__}: {exc}") from None
+    source = Path(cpp_extension.__file__).read_text(errors="replace")
+    settings = {
+        "key": key,
+        "torch_version": torch.__version__,
+        "torch_dir": str(Path(torch.__file__).parent),
+        "include_dirs": cpp_extension.include_paths("cpu"),
+        "lib_dirs": cpp_extension.library_paths("cpu"),
+        "python_include": sysconfig.get_path("include", scheme="posix_prefix"),
+        "cxx11_abi": int(bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
+        "cxx_std": "c++20" if "-std=c++20" in source else "c++17",
+    }
+    BUILD.mkdir(exist_ok=True)
+    TOOLCHAIN_CACHE.write_text(json.dumps(settings, indent=1))
+    return settings
+
+
+def find_tool(name: str, extra: list[str] = ()) -> str | None:
+    """An executable by name, skipping ccache wrappers (ccache must stay out of the build)."""
+    candidates = list(extra)
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if directory and "ccache" not in directory:
+            candidates.append(os.path.join(directory, name))
+    for path in candidates:
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            if os.path.basename(os.path.realpath(path)) != "ccache":
+                return os.path.abspath(path)
+    return None
+
+
+def find_cuda() -> tuple[str, str]:
+    """(nvcc, CUDA home): CUDA_HOME/CUDA_PATH, then nvcc on PATH, then /usr/local/cuda."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    on_path = find_tool("nvcc")
+    if on_path:
+        homes.append(str(Path(on_path).parent.parent))
+    homes.append("/usr/local/cuda")
+    nvcc = next((str(Path(h) / "bin" / "nvcc") for h in homes if h and (Path(h) / "bin" / "nvcc").is_file()), None)
+    nvcc = nvcc or on_path
+    if not nvcc:
+        raise BuildError("no nvcc found (looked at CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda); kernels/*.cu cannot be compiled here")
+    home = next((h for h in homes if h and (Path(h) / "include" / "cuda_runtime.h").is_file()), None)
+    if home is None:
+        # nvcc may be a wrapper script (/usr/local/bin/nvcc): ask nvcc where its toolkit is.
+        try:
+            out = subprocess.run([nvcc, "--dryrun", "--version"], capture_output=True, text=True, timeout=30).stderr
+            match = re.search(r"^#\$ TOP=(.+)$", out, re.M)
+            if match and (Path(match.group(1).strip()) / "include" / "cuda_runtime.h").is_file():
+                home = match.group(1).strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    if home is None:
+        raise BuildError(f"found {nvcc} but no CUDA toolkit headers (include/cuda_runtime.h); set CUDA_HOME")
+    return nvcc, str(Path(home).resolve())
+
+
+def cuda_arch_flags() -> list[str]:
+    """-gencode flags from TORCH_CUDA_ARCH_LIST ('9.0', '9.0a', '8.0;9.0+PTX', 'Hopper'), else KERNEL_ENV_CUDA_ARCH, else 9.0."""
+    spec = os.environ.get("TORCH_CUDA_ARCH_LIST") or os.environ.get("KERNEL_ENV_CUDA_ARCH") or DEFAULT_ARCH
+    entries = []
+    for item in re.split(r"[;,\s]+", spec.strip()):
+        if item:
+            entries += NAMED_ARCHES.get(item.lower(), item).split(";")
+    flags = []
+    for item in entries:
+        match = re.fullmatch(r"(?:sm_)?(\d+)\.?(\d)([af]?)(\+PTX)?", item, re.I)
+        if not match:
+            raise BuildError(f"cannot read CUDA arch {item!r} in TORCH_CUDA_ARCH_LIST={spec!r}; use e.g. 9.0, 9.0a or 8.0;9.0")
+        num = f"{match.group(1)}{match.group(2)}{match.group(3).lower()}"
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if match.group(4):
+            flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+    return list(dict.fromkeys(flags))
+
+
+def optional_cuda_libs(cuda_home: str, torch_dir: str) -> tuple[list[str], list[str], list[str]]:
+    """cuBLAS/cuDNN (the allowed libraries): include dirs, lib dirs, -l flags, where installed."""
+    nvidia = Path(torch_dir).parent / "nvidia"  # the CUDA libraries pip installs with torch
+    lib_dirs = [Path(cuda_home) / "lib64", *sorted(nvidia.glob("*/lib"))]
+    inc_dirs = [Path(cuda_home) / "include", *sorted(nvidia.glob("*/include"))]
+    includes, libdirs, libs = [], [], []
+    for header, lib in (("cublas_v2.h", "cublas"), ("cublasLt.h", "cublasLt"), ("cudnn.h", "cudnn")):
+        inc = next((d for d in inc_dirs if (d / header).is_file()), None)
+        found = None
+        for d in lib_dirs:
+            names = sorted(p.name for p in d.glob(f"lib{lib}.so*")) if d.is_dir() else []
+            if names:
+                found = (d, f"-l{lib}" if f"lib{lib}.so" in names else f"-l:{names[0]}")
+                break
+        if inc and found:
+            if inc != Path(cuda_home) / "include" and str(inc) not in includes:
+                includes.append(str(inc))
+            if str(found[0]) not in libdirs:
+                libdirs.append(str(found[0]))
+            libs.append(found[1])
+    return includes, libdirs, libs
+
+
+# --------------------------------------------------------------------------- ninja file
+
+
+def q(arg: str) -> str:
+    """Quote for the shell line ninja runs, and escape ninja's own `$`."""
+    return shlex.quote(arg).replace("$", "$$")
+
+
+def object_path(source: Path) -> str:
+    return f"{BUILD}/obj/{source}.o"
+
+
+def ninja_file(kind: str, sources: list[Path], artifact: str, settings: dict, cuda: tuple[str, str] | None) -> tuple[str, str]:
+    """Returns (build.ninja text, one-line description of the toolchain)."""
+    cxx = find_tool("g++")
+    if not cxx:
+        raise BuildError("no g++ on PATH; the C++ toolchain is missing from this sandbox")
+    includes = [*settings["include_dirs"], settings["python_include"]]
+    local = ["-I."]  # the workspace root: kernels may write "binding_registry.h" or "../binding_registry.h"
+    defines = [f"-D_GLIBCXX_USE_CXX11_ABI={settings['cxx11_abi']}", f"-DTORCH_EXTENSION_NAME={MODULE}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    cxxflags = ["-O3", f"-std={settings['cxx_std']}", "-fPIC", "-fdiagnostics-color=never", "-fno-diagnostics-show-line-numbers", "-fdiagnostics-urls=never", "-fmax-errors=20", *defines]
+    lib_dirs = list(settings["lib_dirs"])
+    libs = ["-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
+    optional_libs: list[str] = []
+    cudaflags: list[str] = []
+    describe = f"g++ -O3 -std={settings['cxx_std']}"
+    if kind == "cpp":
+        cxxflags.append("-fopenmp")
+        libs.append("-fopenmp")
+        describe += " -fopenmp"
+    if cuda:
+        nvcc, home = cuda
+        extra_inc, extra_libdirs, optional_libs = optional_cuda_libs(home, settings["torch_dir"])
+        includes += [f"{home}/include", *extra_inc]
+        lib_dirs += [f"{home}/lib64", *extra_libdirs]
+        libs += ["-lc10_cuda", "-ltorch_cuda", "-lcudart"]
+        arch = cuda_arch_flags()
+        cudaflags = ["-O3", f"-std={settings['cxx_std']}", "-lineinfo", "--expt-relaxed-constexpr", "--extended-lambda",
+                     "-ccbin", cxx, "-Xcompiler", "-fPIC", *defines, *arch]
+        describe += f"; nvcc -O3 {' '.join(a.split(',')[1] for a in arch)}"
+    inc_flags = [f for d in dict.fromkeys(includes) for f in ("-isystem", d)]
+    lib_dirs = list(dict.fromkeys(lib_dirs))
+    ldflags = ["-shared", *[f"-L{d}" for d in lib_dirs], *libs, *[f"-Wl,-rpath,{d}" for d in lib_dirs]]
+    if optional_libs:
+        ldflags += ["-Wl,--push-state,--as-needed", *optional_libs, "-Wl,--pop-state"]
+
+    lines = [
+        "# Generated by utils/build.py; edits are overwritten.",
+        "ninja_required_version = 1.3",
+        f"builddir = {BUILD}",
+        f"cxx = {q(cxx)}",
+        f"cxxflags = {' '.join(q(f) for f in cxxflags + local + inc_flags)}",
+        f"ldflags = {' '.join(q(f) for f in ldflags)}",
+        "",
+        "rule cxx",
+        "  command = $cxx -MD -MF $out.d $cxxflags -c $in -o $out",
+        "  depfile = $out.d",
+        "  deps = gcc",
+        "  description = CXX $in",
+        "",
+        "rule link",
+        "  command = $cxx $in -o $out $ldflags",
+        "  description = LINK $out",
+        "",
+    ]
+    if cuda:
+        lines[4:4] = [f"nvcc = {q(cuda[0])}", f"cudaflags = {' '.join(q(f) for f in cudaflags + local + inc_flags)}"]
+        lines += [
+            "rule cuda",
+            "  command = $nvcc --generate-dependencies-with-compile --dependency-output $out.d $cudaflags -c $in -o $out",
+            "  depfile = $out.d",
+            "  deps = gcc",
+            "  description = NVCC $in",
+            "",
+        ]
+    for src in sources:
+        lines.append(f"build {object_path(src)}: {'cuda' if src.suffix == '.cu' else 'cxx'} {src}")
+    lines.append(f"build {artifact}: link {' '.join(object_path(s) for s in sources)}")
+    lines.append(f"default {artifact}")
+    return "\n".join(lines) + "\n", describe
+
+
+# --------------------------------------------------------------------------- ninja output
+
+
+HEADLINE = re.compile(
+    r"^(?:(?P<loc>\S[^:]*:\d+(?::\d+)?|\S[^(]*\(\d+\))\s*:\s*(?P<sev>fatal error|catastrophic error|error|warning)\b"
+    r"|(?P<ld>.*(?:undefined reference to|multiple definition of|ld: cannot find|ld returned).*)"
+    r"|(?P<fatal>(?:nvcc fatal|ptxas (?:fatal|error)|g\+\+: fatal error|cc1plus: (?:fatal )?error).*))"
+)
+PREAMBLE = re.compile(r"(In file included from|from \S+:\d+|In instantiation of|required from|In function|In member function|At global scope|In lambda function|In constructor|In static member)")
+
+
+def run_ninja(ninja: str, targets: list[str]) -> tuple[int, list[dict], list[str]]:
+    """Run ninja, echo one line per step; returns (exit code, steps, ninja's own error lines)."""
+    env = dict(os.environ, NINJA_STATUS=NINJA_STATUS + "[%f/%t] ", LC_ALL="C", CCACHE_DISABLE="1", TERM="dumb")
+    cmd = [ninja, "-f", str(BUILD / "build.ninja"), "-k", "0", *targets]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    steps: list[dict] = []
+    ninja_errors: list[str] = []
+    skip_command = False
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        line = raw.decode(errors="replace").rstrip("\n")
+        if skip_command:  # the (long) command line ninja prints after FAILED:
+            skip_command = False
+            continue
+        if line.startswith(NINJA_STATUS):
+            desc = line[len(NINJA_STATUS):]
+            action = desc.split("] ", 1)[-1]  # "CXX kernels/x.cpp", "NVCC kernels/x.cu", "LINK build/..."
+            steps.append({"desc": desc, "action": action, "source": action.split(" ", 1)[-1], "failed": False, "output": []})
+            say("  " + desc)
+        elif line.startswith("FAILED: "):
+            if steps:
+                steps[-1]["failed"] = True
+            skip_command = True
+        elif line.startswith("ninja: "):
+            if "build stopped" not in line and "no work to do" not in line and "Entering directory" not in line:
+                ninja_errors.append(line)
+        elif steps:
+            steps[-1]["output"].append(line)
+        elif line.strip():
+            ninja_errors.append(line)
+    return proc.wait(), steps, ninja_errors
+
+
+def summarise(lines: list[str], max_errors: int) -> tuple[list[str], int, list[str], int]:
+    """(error excerpt, error count, warning excerpt, warning count) from one compiler's output."""
+    errors: list[list[str]] = []
+    warnings: list[list[str]] = []
+    current: list[str] | None = None
+    preamble: list[str] = []
+    for line in lines:
+        match = HEADLINE.match(line)
+        if match:
+            is_warning = match.group("sev") == "warning"
+            block = [clip(p) for p in preamble[-2:]] + [clip(line)]
+            (warnings if is_warning else errors).append(block)
+            current, preamble = block, []
+            continue
+        if PREAMBLE.search(line) and not line.startswith(" "):
+            # context that precedes the next diagnostic; keep the lines naming the agent's files
+            if "kernels/" in line or "binding" in line or "model" in line:
+                preamble.append(line)
+            current = None
+            continue
+        if current is not None and len(current) < CONTEXT_LINES + 1 and line.strip() and not re.match(r"^\d+ errors? detected", line) and line != "compilation terminated.":
+            current.append(clip(line))
+    error_lines = [ln for block in errors[:max_errors] for ln in block]
+    warning_lines = [ln for block in warnings[:MAX_WARNINGS] for ln in block[: 3]]
+    if not errors and lines:  # a format we do not know: show the head and the tail
+        text = [clip(ln) for ln in lines if ln.strip()]
+        error_lines = text[:25] + (["..."] + text[-8:] if len(text) > 33 else text[25:])
+    return error_lines, len(errors), warning_lines, len(warnings)
+
+
+# --------------------------------------------------------------------------- C++ / CUDA build
+
+
+def collect_sources(kind: str, only: list[str]) -> tuple[list[Path], list[Path]]:
+    """(every source of the module, the ones to compile now)."""
+    kernels = Path("kernels")
+    cpp = sorted(kernels.glob("*.cpp"))
+    cu = sorted(kernels.glob("*.cu"))
+    ignored = sorted(p for ext in ("*.cc", "*.cxx", "*.c", "*.C") for p in kernels.glob(ext))
+    for p in ignored:
+        say(f"warning: {p} is not built (only kernels/*.cpp{' and kernels/*.cu' if kind == 'cuda' else ''} are); rename it")
+    if kind == "cpp" and cu:
+        raise BuildError(f"{', '.join(map(str, cu))}: this is a CPU C++ workspace; CUDA sources are not built here (write C++ in kernels/*.cpp)")
+    if not cpp and not cu:
+        what = "kernels/<op>.cu (kernels + launcher) and kernels/<op>_binding.cpp" if kind == "cuda" else "kernels/<op>.cpp and kernels/<op>_binding.cpp"
+        raise BuildError(f"no kernels to build: kernels/ holds no .cpp or .cu files; write {what} (see SKILL.md)")
+    for p in cpp + cu:
+        if not SAFE_NAME.match(p.name):
+            raise BuildError(f"{p}: rename it; source names may use only letters, digits and _ . + -")
+    if not Path("binding.cpp").is_file():
+        raise BuildError("binding.cpp is missing from the workspace; it is protected and must not be removed")
+    registered: dict[str, Path] = {}
+    for p in cpp + cu:
+        for name in re.findall(r"^\s*REGISTER_BINDING\(\s*(\w+)", p.read_text(errors="replace"), re.M):
+            if name in registered:
+                raise BuildError(f"REGISTER_BINDING({name}, ...) appears in both {registered[name]} and {p}; names must be unique")
+            registered[name] = p
+    if not registered:
+        say("warning: no kernels/*.cpp calls REGISTER_BINDING(name, fn): cuda_extension will export no functions")
+    sources = [Path("binding.cpp"), *cpp, *cu]
+    if only:
+        wanted = []
+        for arg in only:
+            path = Path(os.path.relpath(Path(arg).resolve(), ROOT)) if Path(arg).is_absolute() else Path(arg)
+            if path not in sources:
+                raise BuildError(f"{arg}: not one of the sources this build compiles ({', '.join(map(str, sources))})")
+            wanted.append(path)
+        return sources, wanted
+    return sources, sources
+
+
+def load_check(artifact: str) -> str | None:
+    """dlopen the module (RTLD_NOW) in a child process; returns the error line, or None.
+
+    This catches what the linker lets through in a shared library (an undefined symbol: a
+    launcher declared in a binding but named differently in the .cu) here, instead of on the
+    GPU worker. It costs ~1 s; a full `import torch, cuda_extension` would cost ~3-4 s.
+    """
+    code = f"import ctypes; ctypes.CDLL({str(Path(artifact).resolve())!r})"
+    try:
+        proc = subprocess.run([sys.executable, "-B", "-c", code], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "loading the module took over 120 s (a static initialiser that never returns?)"
+    if proc.returncode == 0:
+        return None
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else f"the loading process died (exit status {proc.returncode}; a static initialiser crashed?)"
+    text = re.sub(r"^OSError: \S+: ", "", text)
+    cxxfilt = shutil.which("c++filt")
+    for symbol in sorted(set(re.findall(r"\b_Z\w+", text))) if cxxfilt else []:
+        try:
+            plain = subprocess.run([cxxfilt, symbol], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if plain and plain != symbol:
+            text = text.replace(symbol, f"{plain} ({symbol})")
+    return clip(text)
+
+
+def remove_stale() -> str:
+    """Delete the module after a failed build, so no stale build can be verified by mistake."""
+    removed = []
+    (BUILD / "build_info.json").unlink(missing_ok=True)
+    for p in BUILD.glob(f"{MODULE}*.so"):
+        p.unlink()
+        removed.append(str(p))
+    return f"; removed the stale {', '.join(removed)}" if removed else ""
+
+
+def write_build_info(kind: str, artifact: str, settings: dict) -> None:
+    """build/build_info.json: what the module was built from, so a stale build can be detected."""
+    files = sorted(p for p in [Path("binding.cpp"), Path("binding_registry.h"), *Path("kernels").rglob("*")] if p.is_file())
+    info = {
+        "kind": kind, "artifact": artifact, "torch": settings["torch_version"], "built_at": time.time(),
+        "sources": {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files},
+    }
+    (BUILD / "build_info.json").write_text(json.dumps(info, indent=1))
+
+
+def build_extension(kind: str, only: list[str], start: float) -> int:
+    sources, targets = collect_sources(kind, only)
+    cuda = find_cuda() if kind == "cuda" else None
+    settings = torch_settings()
+    artifact = f"{BUILD}/{MODULE}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    text, describe = ninja_file(kind, sources, artifact, settings, cuda)
+    BUILD.mkdir(exist_ok=True)
+    ninja_path = BUILD / "build.ninja"
+    if not ninja_path.exists() or ninja_path.read_text() != text:
+        ninja_path.write_text(text)
+    ninja = find_tool("ninja", [str(Path(sys.executable).parent / "ninja")])
+    if not ninja:
+        raise BuildError("no ninja found (PATH or next to python3); the build tool is missing from this sandbox")
+    label = {"cuda": "CUDA", "cpp": "CPU C++"}[kind]
+    say(f"build: {label} workspace, torch {settings['torch_version']}, {describe}")
+    if kind == "cuda" and not any(s.suffix == ".cu" for s in sources):
+        say("note: no kernels/*.cu; building the C++ files only")
+
+    rc, steps, ninja_errors = run_ninja(ninja, [object_path(s) for s in targets] if only else [])
+    compiled = [s for s in steps if not s["action"].startswith("LINK")]
+    failed = [s for s in steps if s["failed"]]
+    elapsed = lambda: f"{time.monotonic() - start:.1f}s"  # noqa: E731
+
+    shown = 0
+    for step in steps:
+        budget = max(0, min(MAX_ERRORS_PER_FILE, MAX_ERRORS - shown))
+        errs, n_err, warns, n_warn = summarise(step["output"], budget)
+        if warns and not step["failed"]:
+            for ln in warns:
+                say(ln)
+            if n_warn > MAX_WARNINGS:
+                say(f"  ... {n_warn - MAX_WARNINGS} more warnings")
+        if step["failed"]:
+            say(f"---- {step['source']}: {n_err or 'unknown'} error(s)" + (f", first {min(n_err, budget)} shown" if n_err > budget else ""))
+            for ln in errs:
+                say(ln)
+            shown += min(n_err, budget) or 1
+    for ln in ninja_errors:
+        say(clip(ln))
+
+    if rc != 0 or failed:
+        names = [s["source"] for s in failed]
+        reason = f"{', '.join(names)} failed" if names else "ninja failed"
+        say(f"BUILD FAILED: {reason}{remove_stale()} ({elapsed()})")
+        return 1
+    rebuilt = len(compiled)
+    if only:
+        say(f"COMPILE OK: {', '.join(map(str, targets))} ({rebuilt} rebuilt, {elapsed()}); not linked: run bash utils/compile.sh to build the module")
+        return 0
+    # A module that failed this check was removed, so an unchanged one has passed it before.
+    problem = load_check(artifact) if rebuilt or not Path(artifact).exists() else None
+    if problem:
+        say(f"loading {artifact} failed: {problem}")
+        say(f"BUILD FAILED: the module does not load{remove_stale()} ({elapsed()})")
+        return 1
+    write_build_info(kind, artifact, settings)
+    say(f"BUILD OK: {artifact} ({len(sources)} objects, {rebuilt} rebuilt, {elapsed()})")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    start = time.monotonic()
+    os.chdir(ROOT)
+    only = [a for a in argv if not a.startswith("-")]
+    if any(a in ("-h", "--help") for a in argv):
+        say(__doc__.split("\n\n")[0] + "\n" + __doc__.split("\n\n")[1])
+        return 0
+    kind = workspace_kind()
+    try:
+        if kind == "triton":
+            return check_python_sources()
+        model_errors = syntax_errors([Path("model_new.py")]) if Path("model_new.py").is_file() else []
+        rc = build_extension(kind, only, start)
+        if model_errors:  # the extension may be fine; ModelNew still cannot be imported
+            for err in model_errors:
+                say(err)
+            say("BUILD FAILED: model_new.py has a syntax error (the module itself built)")
+            return 1
+        return rc
+    except BuildError as exc:
+        say(f"BUILD FAILED: {exc}{remove_stale() if kind != 'triton' and BUILD.is_dir() else ''}")
+        return 1
+    except OSError as exc:  # e.g. build/ not writable: one line, not a traceback
+        say(f"BUILD FAILED: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.dont_write_bytecode = True
+    sys.exit(main(sys.argv[1:]))

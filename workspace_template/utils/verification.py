@@ -1,0 +1,12 @@
+"""Check ModelNew against the reference: `python3 -m utils.verification`.
+
+Runs on the trusted GPU pool (never in this sandbox): 5 trials on fresh random inputs with
+the reference's weights, atol = rtol = 1e-2, plus the skill's rules. Exit code 0 when correct.
+"""
+
+import sys
+
+from utils._broker_client import request
+
+if __name__ == "__main__":
+    sys.exit(request("verify"))
