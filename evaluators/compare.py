@@ -18,9 +18,13 @@ def flatten_outputs(value) -> list:
 
 
 def compare_outputs(trial: int, reference, candidate, atol: float, rtol: float) -> TrialReport:
+    if isinstance(reference, (list, tuple)) != isinstance(candidate, (list, tuple)):
+        want = "a tuple/list of outputs" if isinstance(reference, (list, tuple)) else "a single tensor"
+        return TrialReport(trial=trial, correct=False, message=f"returned a {type(candidate).__name__}, expected {want}")
     refs, cands = flatten_outputs(reference), flatten_outputs(candidate)
     if len(refs) != len(cands):
         return TrialReport(trial=trial, correct=False, message=f"returned {len(cands)} outputs, expected {len(refs)}")
+    max_abs = max_rel = 0.0
     for index, (ref, cand) in enumerate(zip(refs, cands)):
         label = f"output {index}" if len(refs) > 1 else "output"
         if not isinstance(cand, torch.Tensor):
@@ -34,14 +38,16 @@ def compare_outputs(trial: int, reference, candidate, atol: float, rtol: float) 
         report = _compare_tensor(trial, label, ref.detach().cpu(), cand.detach().cpu(), atol, rtol)
         if not report.correct:
             return report
-    return TrialReport(trial=trial, correct=True)
+        max_abs = max(max_abs, report.max_abs_error or 0.0)
+        max_rel = max(max_rel, report.max_rel_error or 0.0)
+    return TrialReport(trial=trial, correct=True, max_abs_error=max_abs, max_rel_error=max_rel)
 
 
 def _compare_tensor(trial: int, label: str, ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol: float) -> TrialReport:
     if ref.is_complex() or not ref.is_floating_point():
         equal = torch.equal(ref, cand)
         if equal:
-            return TrialReport(trial=trial, correct=True)
+            return TrialReport(trial=trial, correct=True, max_abs_error=0.0, max_rel_error=0.0)
         bad = (ref != cand).nonzero()
         first = bad[0].tolist() if len(bad) else None
         return TrialReport(trial=trial, correct=False, first_bad_index=first,

@@ -93,6 +93,7 @@ def _watched() -> dict[str, object]:
         "torch.nn.Module": torch.nn.Module, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
         "torch.testing": torch.testing, "torch.random": torch.random, "time": time, "math": math,
         "torch.backends.cudnn": torch.backends.cudnn, "torch.backends.cuda.matmul": torch.backends.cuda.matmul,
+        "TorchDispatchMode": TorchDispatchMode,
     }
     for name in ("timing", "guards", "__main__"):
         module = sys.modules.get(name)

@@ -27,6 +27,10 @@ from kernel_env.sandbox.limits import Cgroup, Limits
 RUNNER_DIR = Path(__file__).resolve().parent
 
 
+def _host_memory_share(fraction: float) -> int:
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * fraction)
+
+
 class ChildError(RuntimeError):
     """The child died, hung or broke the protocol; the message says which."""
 
@@ -38,7 +42,9 @@ class Child:
                  env: dict[str, str], gpu: bool, limits: Limits | None = None):
         self.role = role
         self.log_path = job_dir / f"{role}.log"
-        self.limits = limits or Limits(memory_bytes=64 << 30, address_space_bytes=1 << 45, processes=4096)
+        # CUDA maps a huge address space, so the per-process cap is off; the cgroup bounds real
+        # memory to most of this machine's, so a runaway candidate cannot take the host down.
+        self.limits = limits or Limits(memory_bytes=_host_memory_share(0.75), address_space_bytes=1 << 46, processes=4096)
         read_fd, write_fd = os.pipe()
         self._reply_fd = read_fd
         self._buffer = b""
@@ -144,11 +150,12 @@ class Child:
 
     def log_tail(self, limit: int = 2000) -> str:
         try:
-            data = self.log_path.read_bytes()
+            with open(self.log_path, "rb") as handle:
+                handle.seek(max(0, os.fstat(handle.fileno()).st_size - limit))
+                data = handle.read(limit)
         except OSError:
             return ""
-        text = data[-limit:].decode("utf-8", "replace").strip()
-        return text
+        return data.decode("utf-8", "replace").strip()
 
     def kill(self) -> None:
         if self.proc.poll() is None:

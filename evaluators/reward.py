@@ -12,8 +12,8 @@ class RewardKind(str, Enum):
 
 
 def faster(time_ms: float | None, baseline_ms: float | None, margin: float = 0.05) -> bool:
-    """b(t, t0): (t0 - t) / t0 > margin. Unmeasured times are never faster."""
-    if time_ms is None or baseline_ms is None or not math.isfinite(time_ms) or not math.isfinite(baseline_ms) or baseline_ms <= 0:
+    """b(t, t0): (t0 - t) / t0 > margin. Unmeasured or impossible times (<= 0, NaN, inf) are never faster."""
+    if not _valid(time_ms) or not _valid(baseline_ms):
         return False
     return (baseline_ms - time_ms) / baseline_ms > margin
 
@@ -33,9 +33,14 @@ def speedup_reward(correct: bool, runtime_ms: float | None, compile_ms: float | 
     """The paper's alternative: t_compile / t for a correct candidate, -1 otherwise (0 if not timed)."""
     if not correct:
         return -1.0
-    if not runtime_ms or not compile_ms:
+    if not _valid(runtime_ms) or not _valid(compile_ms):
         return 0.0
     return compile_ms / runtime_ms
+
+
+def _valid(time_ms: float | None) -> bool:
+    """A time a real measurement can produce: finite and positive."""
+    return time_ms is not None and math.isfinite(time_ms) and time_ms > 0
 
 
 def reward(kind: RewardKind | str, correct: bool, runtime_ms: float | None, eager_ms: float | None,

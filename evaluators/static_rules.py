@@ -25,9 +25,11 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
      "uses torch internals or a torch compiler (kernels must be your own)"),
     (r"\bgc\b|sys\._getframe|\bsys\.(?!path\b)\w+|\binspect\b|\btraceback\b",
      "inspects the interpreter's objects, frames or modules"),
-    (r"^\s*(import|from)\s+(ctypes|_ctypes|threading|_thread|multiprocessing|concurrent|signal|importlib|builtins|"
-     r"subprocess|socket|asyncio|mmap|resource|faulthandler|atexit|weakref|pickle|marshal|code|runpy)\b",
-     "imports a module that reaches around the harness (threads, processes, ctypes, importlib, ...)"),
+    (r"^\s*(import|from)\s+[^\n]*?\b(ctypes|_ctypes|threading|_thread|multiprocessing|concurrent|signal|importlib|builtins|"
+     r"subprocess|socket|asyncio|mmap|resource|faulthandler|atexit|weakref|pickle|marshal|code|runpy|sys|gc|inspect|"
+     r"numpy|scipy|cupy|jax|numba|_C)\b(?<!\bsys\b)|^\s*from\s+sys\s+import\b|\b_C\b",
+     "imports a module or internal that reaches around the harness or computes outside your kernels "
+     "(threads, processes, ctypes, importlib, sys internals, torch._C, numpy, ...)"),
     (r"\b(__import__|globals|locals|vars|eval|exec|compile|getattr|setattr|delattr|breakpoint)\s*\(",
      "uses reflection or dynamic code (getattr/setattr/eval/exec/globals/vars/__import__)"),
     (r"\.__(dict|globals|class|bases|mro|subclasses|code|closure|builtins|func|self|wrapped|module|getattribute|setattr|init_subclass)__\b|\b__builtins__\b",
@@ -40,7 +42,8 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
 _NATIVE_RULES: tuple[tuple[str, str], ...] = (
     (r"DispatchModeTLS|PythonTLSSnapshot|TorchFunctionMode|ThreadLocalState|impl::tls_|DispatchKey|ExcludeDispatchKeyGuard|"
      r"IncludeDispatchKeyGuard|AutoDispatchBelow\w*|at::_ops::|at::native::|at::cpu::|at::cuda::(?!getCurrentCUDAStream|"
-     r"getCurrentCUDABlasHandle|CUDAGuard|OptionalCUDAGuard|getDefaultCUDAStream|CUDAStream)",
+     r"getCurrentCUDABlasHandle|CUDAGuard|OptionalCUDAGuard|getDefaultCUDAStream|CUDAStream)|"
+     r"\bnamespace\s+\w+\s*=\s*(::)?(at|torch|c10)\b|##",
      "reaches past the dispatcher or into its thread-local state"),
     (r"\bdlopen\s*\(|\bdlsym\s*\(|\bfork\s*\(|\bsystem\s*\(|\bpopen\s*\(|std::thread|std::async|std::jthread|pthread_create",
      "starts threads or processes, or loads code at run time"),

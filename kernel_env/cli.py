@@ -117,6 +117,47 @@ def tasks(
     raise typer.Exit(EXIT_TASK_FAILED if bad else EXIT_OK)
 
 
+@app.command()
+def baseline(
+    source: str = typer.Argument(..., help="'examples', a task .py file, a .jsonl of task records, or a KernelBench checkout."),
+    level: int | None = typer.Option(None, "--level", help="Only tasks of this level."),
+    name: str | None = typer.Option(None, "--name", help="Only tasks whose id or name contains this (case-insensitive)."),
+    count: int | None = typer.Option(None, "--count", min=1, help="At most this many tasks (after the other filters)."),
+    device: Device | None = typer.Option(None, "--device", help="Where to measure (default: cuda if there is a GPU, else cpu)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON records instead of a table."),
+) -> None:
+    """Measure and cache eager and torch.compile times for a task source (by task hash, device, torch version)."""
+    from kernel_env.episode import default_device
+    from kernel_env.evaluators.baselines import BaselineCache
+    from kernel_env.evaluators.harness import measure_baselines
+
+    selected = _select(_load_source(source), level=level, name=name, sample=None, seed=0, count=count)
+    where = device.value if device else default_device()
+    cache = BaselineCache()
+    rows = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, disable=as_json) as progress:
+        bar = progress.add_task(f"baselines on {where}", total=len(selected))
+        for task in selected:
+            progress.update(bar, description=f"baselines on {where}: {task.id}")
+            result = measure_baselines(task.id, task.code, device=where, baselines=cache)
+            rows.append({"task_id": task.id, "device_name": result.device_name, "eager_ms": result.eager_ms,
+                         "compile_ms": result.compile_ms, "error": result.error})
+            progress.advance(bar)
+    if as_json:
+        _print_json(rows)
+    else:
+        table = Table(title=f"baselines ({escape(str(cache.directory))})")
+        for column in ("task", "device", "eager ms", "compile ms", "error"):
+            table.add_column(column)
+        for row in rows:
+            fmt = lambda v: "—" if v is None else f"{v:.4f}"  # noqa: E731
+            table.add_row(escape(row["task_id"]), escape(row["device_name"] or where), fmt(row["eager_ms"]),
+                          fmt(row["compile_ms"]), escape(row["error"] or ""))
+        out.print(table)
+    raise typer.Exit(EXIT_TASK_FAILED if any(r["error"] for r in rows) else EXIT_OK)
+
+
 def _load_source(source: str) -> list[Task]:
     if source not in ("examples", "example") and not Path(source).expanduser().exists():
         _fail(f"task source {source}: no such file or folder (give 'examples', a .py, a .jsonl or a KernelBench checkout)")

@@ -80,15 +80,17 @@ TRITON_VERIFY = [
     "honest", "honest_docstring", "wrong_answer", "nan_output", "all_nan", "wrong_shape", "wrong_dtype",
     "torch_fallback", "torch_fallback_functional", "torch_fallback_partial", "no_launch", "numpy_with_alibi",
     "torch_in_thread", "torch_in_thread_evasive", "torch_modes_disabled", "torch_dispatch_disabled",
-    "audit_patched", "audit_patched_evasive", "runner_patched", "runner_patched_evasive", "mutate_input",
+    "torch_dispatch_disabled_evasive",
+    "audit_patched", "audit_patched_evasive", "audit_base_patched", "runner_patched", "runner_patched_evasive",
+    "mutate_input",
     "view_of_input", "uninit", "stale_buffer", "patch_timers", "patch_timers_aliased", "patch_torch_checks",
     "patch_rng", "thread_deferred", "thread_left_running", "thread_left_running_evasive", "loosen_tolerance",
     "exit_in_forward", "sys_exit_in_forward", "exit_at_import", "sys_exit_at_import", "huge_alloc",
     "subclass_output", "read_reference", "symlink_to_ref", "bad_trial_file",
 ]
 CPP_VERIFY = [
-    "honest", "honest_threads", "torch_ops", "torch_ops_direct", "torch_ops_hidden", "torch_ops_hidden_py",
-    "torch_ops_sources_edited", "uninit", "inplace", "deferred", "deferred_jthread",
+    "honest", "honest_threads", "torch_ops", "torch_ops_direct", "torch_ops_direct_evasive", "torch_ops_hidden",
+    "torch_ops_hidden_evasive", "torch_ops_sources_edited", "uninit", "inplace", "deferred", "deferred_jthread",
 ]
 
 
@@ -111,6 +113,8 @@ def assert_rejected(result: EvalResult, *reasons: str) -> None:
     """Rejected (not correct, reward -1) and one of ``reasons`` (case-insensitive) said so."""
     text = why(result)
     assert not result.correct and result.reward == -1.0, f"the attack was accepted:\n{text}"
+    # Refused by the source rules before anything ran is a rejection too (it names the rule and line).
+    reasons = (*reasons, "the sources break the skill's rules")
     assert any(r.lower() in text.lower() for r in reasons), f"rejected, but not for {reasons}:\n{text}"
 
 
@@ -334,10 +338,6 @@ def test_honest_cpp_kernel_is_correct(jobs):
     assert_honest(result)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FALSE POSITIVE (evaluators/static_rules.py _PYTHON_RULES): the regexes run over the whole file text, "
-    "docstrings and strings included (only '#' comments are skipped), so an honest model_new.py whose docstring "
-    "mentions torch.compile (the skill's own target) is rejected with 'uses a torch compiler'"))
 def test_honest_triton_kernel_whose_docstring_mentions_torch_compile_is_correct(jobs):
     assert_honest(jobs.verify("triton", "honest_docstring"))
 
@@ -414,7 +414,8 @@ def test_no_triton_launch_is_rejected(jobs):
 
 
 def test_torch_compute_from_cpp_through_the_dispatcher_is_rejected(jobs):
-    assert_rejected(jobs.verify("cpp", "torch_ops"), "torch computes inside ModelNew.forward (add x1, relu x1)")
+    assert_rejected(jobs.verify("cpp", "torch_ops"), "torch computes inside ModelNew.forward (add x1, relu x1)",
+                    "calls a torch operator (`torch::relu`)")
 
 
 def test_torch_compute_in_a_binary_built_from_other_sources_is_rejected(jobs):
@@ -423,80 +424,63 @@ def test_torch_compute_in_a_binary_built_from_other_sources_is_rejected(jobs):
 
 
 def test_torch_compute_in_a_thread_is_rejected(jobs):
-    assert_rejected(jobs.verify("triton", "torch_in_thread"), "torch computes", "threading")
+    assert_rejected(jobs.verify("triton", "torch_in_thread"), "torch computes", "imports a module")
 
 
 def test_torch_compute_with_dispatch_modes_disabled_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "torch_modes_disabled"), "torch computes", "dispatch modes")
 
 
+def test_torch_compute_under_disable_torch_dispatch_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "torch_dispatch_disabled"), "torch computes", "torch internals")
+
+
+def test_torch_compute_from_cpp_past_the_dispatcher_is_rejected(jobs):
+    assert_rejected(jobs.verify("cpp", "torch_ops_direct"), "torch computes", "calls a torch operator", "past the dispatcher")
+
+
 def test_disarming_the_auditor_through_the_module_table_is_rejected(jobs):
-    assert_rejected(jobs.verify("triton", "audit_patched"), "torch computes", "changed the harness", "harness or library attributes")
+    assert_rejected(jobs.verify("triton", "audit_patched"), "torch computes", "changed the harness", "sys.modules")
 
 
 def test_rewriting_the_runner_through_the_module_table_is_rejected(jobs):
-    assert_rejected(jobs.verify("triton", "runner_patched"), "torch computes", "changed the harness", "harness or library attributes")
+    assert_rejected(jobs.verify("triton", "runner_patched"), "torch computes", "changed the harness", "sys.modules")
 
 
 def test_torch_compute_from_cpp_with_all_python_keys_excluded_is_rejected(jobs):
-    assert_rejected(jobs.verify("cpp", "torch_ops_hidden"), "torch computes", "thread-local state")
+    assert_rejected(jobs.verify("cpp", "torch_ops_hidden"), "torch computes", "thread-local state", "calls a torch operator")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/guards.py KernelLaunchCounter + TorchComputeAudit): numpy computes relu(x + y) and a "
-    "no-op Triton launch satisfies 'a Triton kernel ran'; nothing checks that the launched kernels produced the "
-    "output (skill: 'no other libraries')"))
 def test_numpy_compute_with_a_noop_triton_launch_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "numpy_with_alibi"), "numpy", "torch computes", "launched no Triton kernel", "library")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/guards.py TorchComputeAudit): `with torch._C._DisableTorchDispatch():` turns Python "
-    "dispatch off, so the audit's TorchDispatchMode never sees torch.relu(x + y); static_rules does not name it"))
-def test_torch_compute_under_disable_torch_dispatch_is_rejected(jobs):
-    assert_rejected(jobs.verify("triton", "torch_dispatch_disabled"), "torch computes", "dispatch")
+def test_torch_compute_under_disable_torch_dispatch_spelled_otherwise_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "torch_dispatch_disabled_evasive"), "torch computes", "dispatch", "torch internals")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/guards.py TorchComputeAudit is thread-local): torch compute in a thread started with "
-    "`import _thread` (static_rules only refuses `threading`, `concurrent`, `multiprocessing`) and joined "
-    "through a lock runs outside the dispatch mode; the thread has ended, so no thread check sees it either"))
 def test_torch_compute_in_a_low_level_thread_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "torch_in_thread_evasive"), "torch computes", "thread")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/guards.py Integrity + static_rules.py): `getattr(sys, 'mod' 'ules')['guards']` reaches the "
-    "harness module without the literal text `sys.modules`, and replacing TorchComputeAudit.__torch_dispatch__ (a "
-    "class attribute) is not a replaced module attribute, so the integrity snapshot does not see it; the "
-    "audit records nothing and torch.relu(x + y) passes"))
 def test_disarming_the_auditor_without_naming_the_module_table_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "audit_patched_evasive"), "torch computes", "changed the harness")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/runner.py runs as __main__; guards._watched() only watches modules named "
-    "'timing'/'guards'/'runner'): the candidate replaces Runner._audited_call / cmd_cand_integrity / _time and "
-    "every child-reported check (torch ops, launches, integrity, times) says what it wants; pure torch passes "
-    "as Triton"))
+def test_disarming_the_auditor_through_its_base_class_is_rejected(jobs):
+    assert_rejected(jobs.verify("triton", "audit_base_patched"), "torch computes", "changed the harness")
+
+
 def test_rewriting_the_runner_without_naming_the_module_table_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "runner_patched_evasive"), "torch computes", "changed the harness", "launched no Triton")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/guards.py TorchComputeAudit sees the dispatcher only): the C++ binding calls "
-    "at::cpu::add / at::cpu::clamp_min, ATen's CPU kernels without the dispatcher; no dispatch mode sees them and "
-    "static_rules has no rule for at::cpu:: / at::native:: (the cpp skill forbids every at::* operator)"))
-def test_torch_compute_from_cpp_past_the_dispatcher_is_rejected(jobs):
-    assert_rejected(jobs.verify("cpp", "torch_ops_direct"), "torch computes", "at::")
+def test_torch_compute_from_cpp_past_the_dispatcher_through_an_alias_is_rejected(jobs):
+    assert_rejected(jobs.verify("cpp", "torch_ops_direct_evasive"), "torch computes", "torch operator", "past the dispatcher")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/guards.py + static_rules.py _NATIVE_RULES): c10::impl::ExcludeDispatchKeyGuard "
-    "(c10::DispatchKey::Python) hides at::relu/at::add from the Python dispatch mode; the text rule only knows "
-    "PythonTLSSnapshot / DispatchModeTLS / impl::tls_"))
 def test_torch_compute_from_cpp_with_the_python_key_excluded_is_rejected(jobs):
-    assert_rejected(jobs.verify("cpp", "torch_ops_hidden_py"), "torch computes", "dispatch")
+    assert_rejected(jobs.verify("cpp", "torch_ops_hidden_evasive"), "torch computes", "dispatcher", "torch operator")
 
 
 # ============================================================================ inputs, threads, processes
@@ -515,7 +499,7 @@ def test_cpp_writing_into_an_input_is_rejected(jobs):
 
 
 def test_work_deferred_to_a_python_thread_is_rejected(jobs):
-    assert_rejected(jobs.verify("triton", "thread_deferred"), "elements outside", "left threads running", "threading")
+    assert_rejected(jobs.verify("triton", "thread_deferred"), "elements outside", "left threads running", "imports a module")
 
 
 @pytest.mark.parametrize("name", ["deferred", "deferred_jthread"])
@@ -524,12 +508,9 @@ def test_work_deferred_to_a_native_thread_is_rejected(jobs, name):
 
 
 def test_a_thread_left_running_is_rejected(jobs):
-    assert_rejected(jobs.verify("triton", "thread_left_running"), "left threads running", "threading")
+    assert_rejected(jobs.verify("triton", "thread_left_running"), "left threads running", "imports a module")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/guards.py Integrity.new_threads uses threading.enumerate): a thread started with "
-    "_thread.start_new_thread is not listed there, and static_rules does not refuse `import _thread`"))
 def test_a_low_level_thread_left_running_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "thread_left_running_evasive"), "threads")
 
@@ -538,7 +519,7 @@ def test_a_low_level_thread_left_running_is_rejected(jobs):
 
 
 def test_patched_timers_are_rejected(jobs):
-    assert_rejected(jobs.verify("triton", "patch_timers"), "time.perf_counter", "harness or library attributes")
+    assert_rejected(jobs.verify("triton", "patch_timers"), "time.perf_counter")
 
 
 def test_patched_timers_through_aliases_are_reported_by_the_integrity_check(jobs):
@@ -548,11 +529,11 @@ def test_patched_timers_through_aliases_are_reported_by_the_integrity_check(jobs
 
 
 def test_patched_torch_comparisons_are_rejected(jobs):
-    assert_rejected(jobs.verify("triton", "patch_torch_checks"), "torch.allclose", "harness or library attributes")
+    assert_rejected(jobs.verify("triton", "patch_torch_checks"), "torch.allclose")
 
 
 def test_patched_random_number_generators_are_rejected(jobs):
-    assert_rejected(jobs.verify("triton", "patch_rng"), "torch.manual_seed", "harness or library attributes")
+    assert_rejected(jobs.verify("triton", "patch_rng"), "torch.manual_seed")
 
 
 def test_tolerances_cannot_be_loosened_from_inside(jobs):
@@ -584,17 +565,14 @@ def test_a_huge_allocation_is_a_clear_error(jobs):
     assert_rejected(jobs.verify("triton", "huge_alloc"), "can't allocate memory", "out of memory")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "NO KNOB (evaluators/harness.py): every step but warm-up/timing uses _STEP_TIMEOUT_S = 300 s, bound as the "
-    "default argument of _Evaluation._ask at import, so neither EvalSettings.job_timeout_s nor a patched module "
-    "global shortens it: an endless loop in forward during the correctness trials (or at import) holds the "
-    "worker for 5 minutes per job"))
 def test_an_endless_loop_in_forward_ends_at_the_configured_timeout(jobs):
-    settings = SETTINGS.model_copy(update={"job_timeout_s": 10.0})
+    """The knob for every step but timing is EvalSettings.step_timeout_s (import, trials)."""
+    settings = SETTINGS.model_copy(update={"step_timeout_s": 20.0})
     job = make_job(jobs.snapshot("triton", "endless_loop"), "triton", Mode.VERIFY, settings)
-    run = Deadline(job, jobs.baselines, 45.0, kill_candidate)
-    assert run.answered_in_time, f"no answer within 45 s with job_timeout_s=10 (ended it after {run.elapsed:.0f}s)"
-    assert_rejected(run.result, "took longer than")
+    run = Deadline(job, jobs.baselines, 90.0, kill_candidate)
+    assert run.answered_in_time, f"no answer within 90 s with step_timeout_s=20 (ended it after {run.elapsed:.0f}s)"
+    assert run.raised is None, repr(run.raised)
+    assert_rejected(run.result, "took longer than 20s and was killed")
 
 
 # ============================================================================ reaching the reference
@@ -604,29 +582,18 @@ def test_reference_outputs_cannot_be_found_on_disk(jobs):
     assert_rejected(jobs.verify("triton", "read_reference"), "elements outside")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/harness.py check_trials: torch.load(self.dir / 'cand' / f'cand_trial_{index}.pt')): the "
-    "candidate's writable /job/cand is the parent's job_dir/cand; a relative symlink cand_trial_i.pt -> "
-    "../ref/ref_trial_i.pt (plus mkdir /job/ref in the sandbox so the runner's save succeeds) makes the parent "
-    "load the REFERENCE as the candidate's output. A forward that computes nothing passes verification"))
 def test_links_from_the_candidate_directory_to_the_reference_are_not_followed(jobs):
-    assert_rejected(jobs.verify("triton", "symlink_to_ref"), "elements outside", "link")
+    # cand_trial_i.pt -> ../ref/ref_trial_i.pt is valid in the parent's job directory: followed, the parent
+    # would compare the reference with itself (this slipped through before the harness read with O_NOFOLLOW).
+    assert_rejected(jobs.verify("triton", "symlink_to_ref"), "could not be read back", "elements outside")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "CRASH (evaluators/harness.py check_trials): a candidate-planted cand_trial_i.pt that is no tensor file "
-    "(here a link to /dev/zero) makes torch.load raise UnpicklingError out of evaluate(); only LocalPool's "
-    "catch-all turns it into 'internal evaluation error'"))
 def test_a_candidate_planted_trial_file_is_an_error_result_not_an_exception(jobs):
     future = jobs._submit("triton", "bad_trial_file")
     assert future.exception() is None, f"evaluate() raised {future.exception()!r}"
     assert_rejected(future.result(), "trial", "output")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HANG (evaluators/harness.py check_trials): a forked helper in the candidate sandbox swaps cand_trial_0.pt for "
-    "a FIFO; the parent's torch.load blocks in open() forever, with no timeout, and the job is never answered "
-    "(the pool worker is lost)"))
 def test_a_fifo_planted_in_the_candidate_directory_does_not_hang_the_parent(jobs):
     job = make_job(jobs.snapshot("triton", "fifo_hang"), "triton", Mode.VERIFY)
     run = Deadline(job, jobs.baselines, 60.0, open_fifo)
@@ -655,7 +622,6 @@ CLOCK_FALSE_POSITIVE = (
     "that compile, is loaded too")
 
 
-@pytest.mark.xfail(strict=False, reason=CLOCK_FALSE_POSITIVE)
 def test_honest_cpp_kernel_is_timed_and_accepted_every_time(jobs):
     for attempt in range(4):
         result = jobs.timed("cpp", "honest")
@@ -670,13 +636,14 @@ def slow_honest(jobs) -> EvalResult:
     return jobs.timed("cpp", "slow_honest")
 
 
-@pytest.mark.xfail(strict=False, reason=CLOCK_FALSE_POSITIVE)
 def test_slow_honest_cpp_kernel_is_correct_and_timed_slow(slow_honest):
     assert_honest(slow_honest)
     assert slow_honest.reward == 1.0, why(slow_honest)     # ~0.5 ms against eager's ~0.1 ms
 
 
 # ============================================================================ timed: attacks
+# The timed slips below are xfail(strict=False): the parent's clock check flags fast calls at random on a
+# loaded host (see CLOCK_FALSE_POSITIVE), which sometimes rejects these attacks by accident.
 
 
 def test_an_endless_loop_in_a_timed_call_ends_at_the_configured_timeout(jobs):
@@ -690,11 +657,6 @@ def test_an_endless_loop_in_a_timed_call_ends_at_the_configured_timeout(jobs):
 
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "CRASH (evaluators/harness.py run_reference): a ChildError in the reference process (here ref_time, the "
-    "torch.compile baseline, killed by job_timeout_s) is not caught: it propagates out of evaluate() as an "
-    "exception; run_candidate catches ChildError, run_reference does not. (Also: job_timeout_s bounds the "
-    "baseline measurement, which needs ~30 s of torch.compile on this CPU.)"))
 def test_a_reference_side_failure_is_an_error_result(jobs, tmp_path):
     jobs.wait_all()
     settings = SETTINGS.model_copy(update={"job_timeout_s": 2.0})
@@ -715,6 +677,8 @@ def test_caching_by_input_address_is_rejected(jobs, language):
     result = jobs.timed(language, "cache_by_ptr", settings)
     if result.correct:
         assert not result.violations and result.reward >= 1.0, why(result)
+    elif all("timing does not add up" in v for v in result.violations) and result.violations:
+        pytest.xfail(CLOCK_FALSE_POSITIVE)   # every output was right; only the noisy clock check objected
     else:
         assert_rejected(result, "returned a wrong result", "elements outside")
 
@@ -727,36 +691,23 @@ def test_detecting_the_audit_and_replaying_is_rejected(jobs):
     assert_rejected(jobs.timed("triton", "detect_audit_and_replay"), "returned a wrong result", "dispatch modes")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/runner.py: the torch-compute audit and the launch count run only during the correctness "
-    "trials): a call counter is enough to run the Triton kernel in the 5 trials and torch.relu(x + y) in every "
-    "timed call; the timed outputs are right, so the fingerprints match, and torch is what gets timed"))
 def test_timed_calls_must_run_the_same_code_as_the_checked_calls(jobs):
     assert_rejected(jobs.timed("triton", "torch_when_unaudited"), "torch computes", "launched no Triton kernel")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/timing.py time_calls / runner.py: the type of a timed call's output is never checked, and "
-    "fingerprint() reads the output after the end mark and after the 'end' signal the parent brackets): after the "
-    "trials and warm-ups forward returns a __torch_dispatch__ wrapper subclass holding only the inputs; the "
-    "fingerprint's first read runs the real 13 ms kernel outside every clock, so it is reported at ~0.1 ms, "
-    "reward 3, for a kernel of any size"))
-def test_work_deferred_into_a_lazy_output_is_timed_honestly(jobs):
-    result = jobs.timed("triton", "lazy_output")
+def test_timed_calls_must_run_the_same_code_as_the_audited_calls(jobs):
+    assert_rejected(jobs.timed("triton", "torch_when_unaudited_evasive"), "torch computes", "launched no Triton kernel")
+
+
+def test_work_deferred_into_a_lazy_output_is_timed_honestly(jobs, slow_honest):
+    result = jobs.timed("cpp", "lazy_output")
     if result.correct:
-        honest = jobs.timed("triton", "honest")
-        assert result.runtime_ms >= 0.5 * honest.runtime_ms, (
-            f"lazy output timed at {result.runtime_ms:.4f} ms, the honest kernel at {honest.runtime_ms:.4f} ms\n{why(result)}")
+        assert result.runtime_ms >= 0.5 * slow_honest.runtime_ms, (
+            f"lazy output timed at {result.runtime_ms:.4f} ms, the same kernel honestly at {slow_honest.runtime_ms:.4f} ms\n{why(result)}")
     else:
         assert_rejected(result, "plain tensor", "tensor subclass", "instead of plain tensors")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/timing.py _Marks.elapsed_ms is a class attribute the integrity snapshot does not cover; "
-    "harness.py's wall-clock check allows 1.5x the claimed time + 1 ms per call): the candidate divides its "
-    "reported times by 1000; ~0.5 ms of real work per call hides in the 1 ms allowance, so a kernel 3-5x slower "
-    "than eager is reported 100x faster than eager and earns reward 3. Any kernel can also claim 1/1.5 of its time"),
-    )
 def test_forged_elapsed_times_are_rejected_or_timed_honestly(jobs, slow_honest):
     result = jobs.timed("cpp", "timer_class_patch")
     if result.correct:
@@ -767,10 +718,6 @@ def test_forged_elapsed_times_are_rejected_or_timed_honestly(jobs, slow_honest):
         assert_rejected(result, "timing does not add up", "changed the harness")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SLIPS (evaluators/runner.py as __main__, see test_rewriting_the_runner_without_naming_the_module_table): "
-    "with Runner._time patched to report a hundredth of each time, pure torch is reported ~100x faster than eager "
-    "and earns reward 3; the wall-clock check's 1 ms per call covers the real ~0.1 ms"))
 def test_a_rewritten_runner_cannot_earn_a_speed_reward(jobs):
     result = jobs.timed("triton", "runner_patched_evasive")
     assert result.reward == -1.0, why(result)

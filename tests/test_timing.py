@@ -68,3 +68,19 @@ def test_under_reported_times_are_caught_by_the_parents_clock():
 def test_missing_call_marks_are_reported():
     marks = _marks([1.0] * 10)[:-2]
     assert "did not report every timed call" in _clock_mismatch([1.0] * 10, marks)
+
+
+def test_baselines_are_measured_once_and_cached(tmp_path):
+    from kernel_env.evaluators.baselines import BaselineCache
+    from kernel_env.evaluators.harness import measure_baselines
+    from kernel_env.evaluators.records import EvalSettings
+
+    code = ("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
+            "def get_inputs():\n    return [torch.randn(4096)]\ndef get_init_inputs():\n    return []\n")
+    cache = BaselineCache(tmp_path)
+    settings = EvalSettings(compile_baseline=False, timed_calls=5)
+    first = measure_baselines("t", code, device="cpu", baselines=cache, settings=settings)
+    assert first.error is None and first.eager_ms > 0 and first.compile_ms is None
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    second = measure_baselines("t", code, device="cpu", baselines=cache, settings=settings)
+    assert second.eager == first.eager  # read back from the cache, not measured again

@@ -84,9 +84,9 @@ def test_cuda_extension_example_builds_and_is_fast(pool):
 def test_patched_cuda_event_timer_is_caught(pool, tmp_path):
     result = _evaluate(pool, RELU_ADD, _triton_solution(tmp_path, "patched_timer"), mode=Mode.PROFILE)
     assert result.reward == -1
-    assert any("torch.cuda.Event.elapsed_time was replaced" in v for v in result.violations), result.violations
-    # The harness's own timing never used the patched method: the reported time is real.
-    assert result.runtime_ms is None or result.runtime_ms > 0.01
+    # Refused before it runs (the source rules see the setattr), or, if it ran, reported by the
+    # integrity check; either way the forged timer never decides a number.
+    assert any("setattr" in v or "torch.cuda.Event.elapsed_time was replaced" in v for v in result.violations), result.violations
 
 
 def test_torch_fallback_in_cuda_forward_is_a_violation(pool, tmp_path):

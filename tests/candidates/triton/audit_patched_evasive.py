@@ -1,14 +1,13 @@
-"""Disarms the auditor as audit_patched.py does, reaching the harness's guards module without
-spelling the module table's name. Must break the rules."""
-
-import sys
+"""Disarms the auditor as audit_patched.py does, reaching the harness's guards module through
+`from sys import modules`. Must break the rules."""
 
 import torch
 import torch.nn as nn
+from sys import modules as _loaded
 
 from kernels.relu_add import noop
 
-_guards = getattr(sys, "mod" "ules")["guards"]
+_guards = _loaded["guards"]
 _guards.TorchComputeAudit.__torch_dispatch__ = lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {}))
 
 

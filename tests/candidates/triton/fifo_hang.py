@@ -3,6 +3,7 @@ helper replaces cand_trial_0.pt with a FIFO that nobody writes, so the parent's 
 forever on open(). The job must still be answered (an error), not hang."""
 
 import os
+from os import _exit, fork
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ def _cand_dir() -> Path:
 
 _target = _cand_dir() / "cand_trial_0.pt"
 
-if os.fork() == 0:  # helper: not a Python thread of the candidate process, so no thread check sees it
+if fork() == 0:  # helper: not a Python thread of the candidate process, so no thread check sees it
     try:
         deadline = time.time() + 120
         while not _target.exists() and time.time() < deadline:
@@ -27,7 +28,7 @@ if os.fork() == 0:  # helper: not a Python thread of the candidate process, so n
         os.replace(fifo, _target)
         time.sleep(3600)
     finally:
-        os._exit(0)
+        _exit(0)
 
 
 class ModelNew(nn.Module):

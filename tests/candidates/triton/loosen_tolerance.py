@@ -1,32 +1,27 @@
-"""Tries to loosen the tolerance from inside: environment variables, every harness module it can find
-in the module table (atol/rtol globals, EvalSettings defaults), and timing.fingerprints_match. Returns an
-answer off by 0.5. Must be incorrect."""
+"""Tries to loosen the tolerance from inside: environment variables, atol/rtol globals in every
+harness module in the module table, and the EvalSettings defaults. Returns an answer off by 0.5.
+Must be incorrect (the tolerance lives in the trusted parent)."""
 
-import os
-import sys
+from os import environ
+from sys import modules
 
 import torch.nn as nn
 
 from kernels.relu_add import relu_add
 
 for key in ("KE_ATOL", "KE_RTOL", "KERNEL_ENV_ATOL", "KERNEL_ENV_RTOL", "ATOL", "RTOL"):
-    os.environ[key] = "1e9"
-for name, module in list(getattr(sys, "mod" "ules").items()):
-    if name.startswith(("kernel_env", "timing", "guards", "compare", "harness", "__main__")):
-        for attr in ("atol", "rtol", "ATOL", "RTOL", "_ATOL", "_RTOL"):
-            try:
-                setattr(module, attr, 1e9)
-            except Exception:
-                pass
-        settings = getattr(module, "EvalSettings", None)
+    environ[key] = "1e9"
+for name, module in list(modules.items()):
+    if name.startswith(("kernel_env", "timing", "guards", "compare", "harness", "records", "__main__")):
+        try:
+            module.atol = module.rtol = module.ATOL = module.RTOL = 1e9
+            module.FINGERPRINT_SAMPLES = 0
+        except Exception:  # noqa: BLE001
+            pass
+        settings = module.EvalSettings if hasattr(module, "EvalSettings") else None
         if settings is not None:
-            try:
-                settings.model_fields["atol"].default = 1e9
-            except Exception:
-                pass
-_timing = getattr(sys, "mod" "ules").get("timing")
-if _timing is not None:
-    _timing.fingerprints_match.__code__ = (lambda expected, got, atol, rtol: True).__code__
+            settings.model_fields["atol"].default = 1e9
+            settings.model_fields["rtol"].default = 1e9
 
 
 class ModelNew(nn.Module):

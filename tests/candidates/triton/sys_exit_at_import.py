@@ -1,5 +1,3 @@
-"""sys.exit(0) while model_new.py is imported. Must be a clear error."""
+"""raise SystemExit(0) while model_new.py is imported. Must be a clear error."""
 
-import sys
-
-sys.exit(0)
+raise SystemExit(0)

@@ -11,7 +11,8 @@
 #include "threads_fixture.h"
 #include "torch_ops_fixture.h"
 #include "torch_hidden_fixture.h"
-#include "torch_hidden_py_fixture.h"
+#include "torch_alias_direct_fixture.h"
+#include "torch_alias_hidden_fixture.h"
 #include "deferred_fixture.h"
 #include "deferred_jthread_fixture.h"
 
@@ -20,7 +21,8 @@ static void register_fixtures(pybind11::module& m) {
   register_threads(m);
   register_torch_ops(m);
   register_torch_hidden(m);
-  register_torch_hidden_py(m);
+  register_torch_alias_direct(m);
+  register_torch_alias_hidden(m);
   register_deferred(m);
   register_deferred_jthread(m);
 }
