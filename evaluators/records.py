@@ -23,7 +23,7 @@ class EvalSettings(BaseModel):
     timed_calls: int = 30
     min_timed_calls: int = 10
     warmup_calls: int = 3
-    checked_timed_calls: int = 3          # timed calls whose outputs are checked against the reference
+    checked_timed_calls: int = 30         # timed calls whose outputs are checked against the reference (all, by default)
     audited_timed_calls: int = 2          # extra audited (untimed) calls at secret positions of the timing run
     flush_bytes: int = 256 << 20          # cache flush between repetitions (H100 L2 is 50 MB)
     job_timeout_s: float = 600.0          # bound on a timing run (baselines: torch.compile's first call is slow)
