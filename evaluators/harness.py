@@ -24,7 +24,7 @@ import torch
 from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.compare import compare_outputs
 from kernel_env.evaluators.isolation import Child, ChildError
-from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode, Timing
+from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode, Timing, TrialReport
 from kernel_env.evaluators.reward import reward as compute_reward
 from kernel_env.evaluators.static_rules import check_sources
 from kernel_env.evaluators.timing import fingerprints_match
@@ -212,7 +212,7 @@ class _Evaluation:
         s, result = self.s, self.result
         for index, (ref, cand) in enumerate(zip(ref_trials, cand_trials)):
             if cand["non_tensor_outputs"]:
-                result.trials.append(_bad(index, f"returned {', '.join(cand['non_tensor_outputs'])} instead of plain tensors"))
+                result.trials.append(TrialReport(trial=index, correct=False, message=f"returned {', '.join(cand['non_tensor_outputs'])} instead of plain tensors"))
                 break
             expected = _load_tensors(self.dir / "ref" / f"ref_trial_{index}.pt")
             try:
@@ -322,9 +322,3 @@ def _clock_mismatch(times: list[float], marks: list[tuple[str, int, float]]) -> 
         return (f"timing does not add up: a timed call claims {median_claimed:.3f} ms (median) but an independent "
                 f"clock saw {median_claimed + median_excess:.3f} ms (patched timer or hidden work?)")
     return None
-
-
-def _bad(index: int, message: str):
-    from kernel_env.evaluators.records import TrialReport
-
-    return TrialReport(trial=index, correct=False, message=message)
