@@ -7,7 +7,10 @@ sandbox's resource limits. Without bubblewrap it runs as a plain child process (
 sandbox has already warned about that).
 
 The parent speaks JSON lines to the child's stdin and reads answers from a private pipe;
-the child's stdout and stderr (the candidate's prints) go to a log file.
+the child's stdout and stderr (the candidate's prints) go to a log file. Timing marks travel
+on a datagram socket of their own whose messages the kernel stamps when the child sends
+them, so the parent's clock bracket of a timed call does not depend on when the parent got
+to read them (a busy parent, with many episodes in one process, reads late).
 """
 
 from __future__ import annotations
@@ -16,15 +19,19 @@ import json
 import os
 import selectors
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from kernel_env.sandbox.bwrap import base_argv, bubblewrap_problem, gpu_device_binds
+from kernel_env.sandbox.bwrap import PidNamespace, base_argv, bubblewrap_problem, gpu_device_binds, spawn
 from kernel_env.sandbox.limits import Cgroup, Limits
 
 RUNNER_DIR = Path(__file__).resolve().parent
+# Receive timestamps of the marks socket (SCM_TIMESTAMPNS == SO_TIMESTAMPNS; 35 on x86-64 and arm64).
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 
 
 def _host_memory_share(fraction: float) -> int:
@@ -48,11 +55,14 @@ class Child:
         read_fd, write_fd = os.pipe()
         self._reply_fd = read_fd
         self._buffer = b""
+        self._marks, child_marks = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._marks.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        self._marks.setblocking(False)
         runner = [sys.executable, "-I", "-B"]
         child_env = {
             "PATH": f"{Path(sys.executable).parent}:/usr/local/cuda/bin:/usr/bin:/bin", "HOME": "/tmp/home",
             "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-            "KE_REPLY_FD": str(write_fd), **env,
+            "KE_REPLY_FD": str(write_fd), "KE_MARK_FD": str(child_marks.fileno()), **env,
         }
         isolated = bubblewrap_problem() is None
         if isolated:
@@ -75,11 +85,15 @@ class Child:
             self.paths = {target: str(source) for target, source in {**ro_binds, **rw_binds}.items()}
         self._cgroup = Cgroup.create(self.limits)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, env=popen_env,
-            pass_fds=(write_fd,), preexec_fn=self._preexec, cwd=job_dir,
-        )
+        options = dict(stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, env=popen_env,
+                       pass_fds=(write_fd, child_marks.fileno()), preexec_fn=self._preexec, cwd=job_dir)
+        self._namespace: PidNamespace | None = None
+        if isolated:
+            self.proc, self._namespace = spawn(argv, **options)
+        else:
+            self.proc = subprocess.Popen(argv, **options)
         os.close(write_fd)
+        child_marks.close()
 
     def _preexec(self) -> None:
         if self._cgroup is not None:
@@ -92,28 +106,24 @@ class Child:
 
     def call(self, cmd: str, timeout: float, **payload) -> tuple[dict, list[tuple[str, int, float]]]:
         """Send a command; return its answer and the marks the child sent on the way, each with
-        the parent's own clock reading (perf_counter seconds) when it arrived."""
+        the kernel's clock reading (seconds) of the moment the child sent it."""
         try:
             self.proc.stdin.write((json.dumps({"cmd": cmd, **payload}) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise ChildError(self._death_note(f"the {self.role} process died before {cmd}")) from None
-        deadline = time.monotonic() + timeout
         marks: list[tuple[str, int, float]] = []
-        while True:
-            line = self._read_line(cmd, max(deadline - time.monotonic(), 0.0))
-            arrived = time.perf_counter()
-            try:
-                answer = json.loads(line)
-            except json.JSONDecodeError:
-                raise ChildError(f"the {self.role} process broke the protocol during {cmd}") from None
-            if not isinstance(answer, dict):
-                raise ChildError(f"the {self.role} process broke the protocol during {cmd}")
-            if "mark" not in answer:
-                return answer, marks
-            marks.append((str(answer["mark"]), int(answer.get("k", -1)), arrived))
+        line = self._read_line(cmd, timeout, marks)
+        self._drain_marks(marks)  # every mark was sent before the answer, so all are queued by now
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError:
+            raise ChildError(f"the {self.role} process broke the protocol during {cmd}") from None
+        if not isinstance(answer, dict):
+            raise ChildError(f"the {self.role} process broke the protocol during {cmd}")
+        return answer, marks
 
-    def _read_line(self, cmd: str, timeout: float) -> bytes:
+    def _read_line(self, cmd: str, timeout: float, marks: list[tuple[str, int, float]]) -> bytes:
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
@@ -122,10 +132,14 @@ class Child:
                 raise ChildError(f"{cmd} took longer than {timeout:.0f}s and was killed (a hang, a deadlock or an endless loop?)")
             with selectors.DefaultSelector() as sel:
                 sel.register(self._reply_fd, selectors.EVENT_READ)
-                if not sel.select(min(remaining, 1.0)):
-                    if self.proc.poll() is not None:
-                        raise ChildError(self._death_note(f"the {self.role} process died during {cmd}"))
-                    continue
+                sel.register(self._marks, selectors.EVENT_READ)
+                ready = {key.fileobj for key, _ in sel.select(min(remaining, 1.0))}
+            if self._marks in ready:
+                self._drain_marks(marks)  # a full queue would block the child
+            if self._reply_fd not in ready:
+                if not ready and self.proc.poll() is not None:
+                    raise ChildError(self._death_note(f"the {self.role} process died during {cmd}"))
+                continue
             chunk = os.read(self._reply_fd, 1 << 20)
             if not chunk:
                 self.proc.wait()
@@ -133,6 +147,21 @@ class Child:
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line
+
+    def _drain_marks(self, marks: list[tuple[str, int, float]]) -> None:
+        """Read the queued marks (``start:K`` / ``end:K``) with their send-time stamps."""
+        while True:
+            try:
+                data, ancillary, _, _ = self._marks.recvmsg(64, socket.CMSG_SPACE(16))
+            except (BlockingIOError, InterruptedError):
+                return
+            stamp = next((struct.unpack("qq", raw[:16]) for level, kind, raw in ancillary
+                          if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16), None)
+            kind, _, k = data.decode("ascii", "replace").partition(":")
+            if stamp is None or not k.isdigit():
+                marks.append(("malformed", -1, 0.0))
+                continue
+            marks.append((kind, int(k), stamp[0] + stamp[1] * 1e-9))
 
     def _death_note(self, what: str) -> str:
         code = self.proc.poll()
@@ -158,6 +187,9 @@ class Child:
         return data.decode("utf-8", "replace").strip()
 
     def kill(self) -> None:
+        """End the child and everything it started (its whole pid namespace when isolated)."""
+        if self._namespace is not None:
+            self._namespace.kill()
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
@@ -170,8 +202,10 @@ class Child:
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self.kill()
+            pass
+        self.kill()  # also what the child left running, which bwrap's exit does not wait for
         os.close(self._reply_fd)
+        self._marks.close()
         self._log.close()
         if self._cgroup is not None:
             self._cgroup.destroy()

@@ -8,10 +8,14 @@ the host (no /home, /root, /etc secrets, other workspaces, the kernel_env cache)
 from __future__ import annotations
 
 import functools
+import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 SANDBOX_UID = 1000
@@ -83,3 +87,66 @@ def gpu_device_binds() -> list[str]:
     if argv and Path("/sys").is_dir():
         argv += ["--ro-bind", "/sys", "/sys"]
     return argv
+
+
+def spawn(argv: list[str], **popen_options) -> tuple[subprocess.Popen, PidNamespace | None]:
+    """Start a bwrap command line; returns the process and its pid namespace (None if bwrap
+    never reported one, e.g. it failed to start)."""
+    read_fd, write_fd = os.pipe()
+    pass_fds = (*popen_options.pop("pass_fds", ()), write_fd)
+    try:
+        proc = subprocess.Popen([argv[0], "--info-fd", str(write_fd), *argv[1:]], pass_fds=pass_fds, **popen_options)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    return proc, PidNamespace.from_info_fd(read_fd)
+
+
+class PidNamespace:
+    """The pid namespace of a running bubblewrap sandbox, held through its init process.
+
+    bwrap's outer process exits as soon as the sandboxed command does, *before* the
+    namespace's init has finished killing the rest, so waiting for it proves nothing. The
+    init is held by a pidfd (immune to pid reuse): killing it makes the kernel kill every
+    process in the namespace, and the pidfd turns readable only once the init has exited,
+    which the kernel allows only after all of them are gone.
+    """
+
+    def __init__(self, pidfd: int):
+        self._pidfd: int | None = pidfd
+
+    @classmethod
+    def from_info_fd(cls, fd: int, timeout: float = 30.0) -> PidNamespace | None:
+        """Read bwrap's ``--info-fd`` report (closing ``fd``); None if it never came."""
+        data, deadline = b"", time.monotonic() + timeout
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                    break
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            os.close(fd)
+        try:
+            return cls(os.pidfd_open(int(json.loads(data)["child-pid"])))
+        except (ValueError, KeyError, TypeError, OSError):
+            return None
+
+    def kill(self, timeout: float = 10.0) -> bool:
+        """Kill everything in the namespace and wait until it is empty; idempotent. False if it
+        did not empty within ``timeout`` seconds."""
+        if self._pidfd is None:
+            return True
+        try:
+            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        except ProcessLookupError:  # already exited
+            pass
+        emptied = bool(select.select([self._pidfd], [], [], timeout)[0])
+        os.close(self._pidfd)
+        self._pidfd = None
+        return emptied

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from kernel_env.sandbox.bwrap import base_argv, bubblewrap_problem
+from kernel_env.sandbox.bwrap import PidNamespace, base_argv, bubblewrap_problem, spawn
 from kernel_env.sandbox.base import BackgroundJob, ExecResult, FileInfo, SandboxError
 from kernel_env.sandbox.limits import Cgroup, Limits
 from kernel_env.workspace import PROTECTED, Workspace
@@ -71,6 +71,7 @@ class LocalSandbox:
         self.workdir = SANDBOX_WORKDIR if self.isolated else str(workspace.path)
         self._state = SANDBOX_STATE if self.isolated else str(workspace.state_dir)
         self._proc: subprocess.Popen | None = None
+        self._namespace: PidNamespace | None = None
         self._cgroup: Cgroup | None = None
         self._lock = threading.RLock()
         self._next_id = 0
@@ -91,13 +92,14 @@ class LocalSandbox:
             if self._proc is not None and self._proc.poll() is None:
                 return
             self._cgroup = Cgroup.create(self.limits)
-            argv = self._argv()
+            options = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           env=self._environment() if not self.isolated else {"PATH": "/usr/bin:/bin"},
+                           cwd=self.workspace.path, preexec_fn=self._preexec, close_fds=True)
             try:
-                self._proc = subprocess.Popen(
-                    argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                    env=self._environment() if not self.isolated else {"PATH": "/usr/bin:/bin"},
-                    cwd=self.workspace.path, preexec_fn=self._preexec, close_fds=True,
-                )
+                if self.isolated:
+                    self._proc, self._namespace = spawn(self._argv(), **options)
+                else:
+                    self._proc = subprocess.Popen(self._argv(), **options)
             except OSError as exc:
                 raise SandboxError(f"cannot start the sandbox: {exc}") from None
             self._buffer = b""
@@ -110,11 +112,15 @@ class LocalSandbox:
     def close(self) -> None:
         with self._lock:
             proc, self._proc = self._proc, None
+            namespace, self._namespace = self._namespace, None
             if proc is not None:
                 try:
                     proc.stdin.close()
                 except OSError:
                     pass
+                # bwrap's own process may exit before the namespace is empty: kill and wait for that.
+                if namespace is not None and not namespace.kill():
+                    log.warning("sandbox for %s: processes were still dying 10 s after close()", self.workspace.task.id)
                 try:
                     proc.wait(timeout=2)
                 except subprocess.TimeoutExpired:
