@@ -31,8 +31,8 @@ from kernel_env.evaluators.timing import fingerprints_match
 from kernel_env.languages import get_language
 
 _MAX_OUTPUT_FILE = 4 << 30
-# What the parent's clock may see beyond a timed call's own marks (median over the calls):
-# two pipe messages and the scheduler, plus a proportional margin.
+# What the kernel's clock may see beyond a timed call's own marks (lower quartile over the calls):
+# two socket sends and the scheduler, plus a proportional margin.
 _WALL_SLACK_RATIO = 0.5
 _WALL_SLACK_MS = 1.0
 
@@ -302,23 +302,26 @@ def _load_tensors(path: Path):
 
 
 def _clock_mismatch(times: list[float], marks: list[tuple[str, int, float]]) -> str | None:
-    """Compare what the candidate's process measured with what this process's clock saw.
+    """Compare what the candidate's process measured with what the kernel's clock saw.
 
     The child announces each timed call just before its start mark and just after its end
-    mark; the arrival times bracket the call from outside the candidate's reach. A call cannot
-    take less wall time than its marks claim, so claimed times far below the bracketed ones mean
-    a patched timer or work hidden from the marks.
+    mark, on a socket whose messages the kernel stamps as they are sent: the stamps bracket the
+    call from outside the candidate's reach, whenever this process gets round to reading them.
+    A call cannot take less wall time than its marks claim, so claimed times far below the
+    bracketed ones mean a patched timer or work hidden from the marks.
     """
     starts = {k: t for kind, k, t in marks if kind == "start"}
     ends = {k: t for kind, k, t in marks if kind == "end"}
-    if sorted(starts) != list(range(len(times))) or sorted(ends) != list(range(len(times))):
-        return "the timing run did not report every timed call (the timing protocol was interfered with)"
-    # Per call, the wall time the parent saw beyond what the call claims. The median ignores the
-    # calls during which this process was scheduled late on a busy host.
-    excess = sorted((ends[k] - starts[k]) * 1e3 - times[k] for k in range(len(times)))
+    expected = list(range(len(times)))
+    if sorted(starts) != expected or sorted(ends) != expected or len(marks) != 2 * len(times):
+        return "the timing run did not report every timed call exactly once (the timing protocol was interfered with)"
+    # Per call, the wall time beyond what the call claims. A patched timer under-reports every
+    # call; the child being preempted on a busy host inflates some. So judge the calls with the
+    # least excess (the lower quartile), and only a gap that all but a few calls show counts.
+    excess = sorted((ends[k] - starts[k]) * 1e3 - times[k] for k in expected)
     claimed = sorted(times)
-    median_excess, median_claimed = excess[len(excess) // 2], claimed[len(claimed) // 2]
-    if median_excess > _WALL_SLACK_RATIO * median_claimed + _WALL_SLACK_MS:
+    low_excess, median_claimed = excess[len(excess) // 4], claimed[len(claimed) // 2]
+    if low_excess > _WALL_SLACK_RATIO * median_claimed + _WALL_SLACK_MS:
         return (f"timing does not add up: a timed call claims {median_claimed:.3f} ms (median) but an independent "
-                f"clock saw {median_claimed + median_excess:.3f} ms (patched timer or hidden work?)")
+                f"clock saw at least {median_claimed + low_excess:.3f} ms for most calls (patched timer or hidden work?)")
     return None

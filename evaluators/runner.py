@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import sys
 import traceback
 from pathlib import Path
@@ -29,6 +30,14 @@ import timing  # noqa: E402
 _reply_fd = int(os.environ.get("KE_REPLY_FD", "1"))
 _reply = os.fdopen(os.dup(_reply_fd), "w", buffering=1)
 _json_dumps = json.dumps
+# Timing marks go out on a datagram socket the kernel timestamps on send (see isolation.py).
+_mark_socket = socket.socket(fileno=int(os.environ["KE_MARK_FD"])) if "KE_MARK_FD" in os.environ else None
+_mark_send = _mark_socket.send if _mark_socket else None
+
+
+def mark(kind: str, k: int) -> None:
+    if _mark_send is not None:
+        _mark_send(f"{kind}:{k}".encode())
 
 
 def reply(**payload) -> None:
@@ -94,7 +103,7 @@ class Runner:
     def _time(self, req: dict, fn, audit=None) -> dict:
         times, prints = timing.time_calls(
             fn, self.make_inputs, req["seeds"], self.device, warmup_seeds=req.get("warmup_seeds", ()),
-            flush_bytes=req["flush_bytes"], fp_seed=req["fp_seed"], signal=lambda kind, k: reply(mark=kind, k=k),
+            flush_bytes=req["flush_bytes"], fp_seed=req["fp_seed"], signal=mark,
             audit=audit, audit_at=req.get("audit_at", ()),
         )
         return {"times_ms": times, "fingerprints": prints}
