@@ -46,7 +46,7 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
      r"\bnamespace\s+\w+\s*=\s*(::)?(at|torch|c10)\b|##",
      "reaches past the dispatcher or into its thread-local state"),
     (r"\bdlopen\s*\(|\bdlsym\s*\(|\bfork\s*\(|\bsystem\s*\(|\bpopen\s*\(|std::thread|std::async|std::jthread|pthread_create",
-     "starts threads or processes, or loads code at run time"),
+     "starts threads or processes, or loads code at run time (parallelise with OpenMP: `#pragma omp parallel for`)"),
 )
 # torch / ATen functions a binding may call: allocation, options, the stream and device guard.
 _ALLOWED_TORCH_CALLS = frozenset({

@@ -89,7 +89,7 @@ TRITON_VERIFY = [
     "subclass_output", "read_reference", "symlink_to_ref", "bad_trial_file",
 ]
 CPP_VERIFY = [
-    "honest", "honest_threads", "torch_ops", "torch_ops_direct", "torch_ops_direct_evasive", "torch_ops_hidden",
+    "honest", "joined_std_threads", "torch_ops", "torch_ops_direct", "torch_ops_direct_evasive", "torch_ops_hidden",
     "torch_ops_hidden_evasive", "torch_ops_sources_edited", "uninit", "inplace", "deferred", "deferred_jthread",
 ]
 
@@ -342,12 +342,12 @@ def test_honest_triton_kernel_whose_docstring_mentions_torch_compile_is_correct(
     assert_honest(jobs.verify("triton", "honest_docstring"))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FALSE POSITIVE (evaluators/static_rules.py _NATIVE_RULES): any `std::thread` is refused, but the cpp skill "
-    "allows the C++ standard library and forbids only threads that outlive the call; an honest kernel that "
-    "splits its loop over two joined std::threads is rejected"))
-def test_honest_cpp_kernel_with_joined_std_threads_is_correct(jobs):
-    assert_honest(jobs.verify("cpp", "honest_threads"))
+def test_std_thread_is_refused_by_name_and_the_message_points_to_openmp(jobs):
+    # The cpp skill allows threads through OpenMP only: a thread of the kernel's own could outlive
+    # the call and finish the work after the timer stopped, and a joined one looks the same in text.
+    result = jobs.verify("cpp", "joined_std_threads")
+    assert_rejected(result, "std::thread")
+    assert any("OpenMP" in v for v in result.violations), result.violations
 
 
 # ============================================================================ wrong answers
@@ -613,15 +613,6 @@ def test_honest_triton_kernel_is_timed(jobs):
     assert result.eager_ms and result.compile_ms and result.runtime_ms > 0
 
 
-CLOCK_FALSE_POSITIVE = (
-    "FALSE POSITIVE, intermittent (evaluators/harness.py _clock_mismatch): the parent brackets each timed call "
-    "by the arrival times of two pipe messages and allows 1.5x the claimed time + 1 ms per call; on a loaded host "
-    "(here: a 2-core box with other jobs) the parent is scheduled late often enough that an honest ~0.1 ms C++ "
-    "kernel is flagged 'timing does not add up ... (patched timer or hidden work?)' in about 1 run of 3 "
-    "(seen: claimed 1.27 ms, bracket 16.8 ms over 10 calls). A GPU worker's host, shared with agent sandboxes "
-    "that compile, is loaded too")
-
-
 def test_honest_cpp_kernel_is_timed_and_accepted_every_time(jobs):
     for attempt in range(4):
         result = jobs.timed("cpp", "honest")
@@ -642,8 +633,6 @@ def test_slow_honest_cpp_kernel_is_correct_and_timed_slow(slow_honest):
 
 
 # ============================================================================ timed: attacks
-# The timed slips below are xfail(strict=False): the parent's clock check flags fast calls at random on a
-# loaded host (see CLOCK_FALSE_POSITIVE), which sometimes rejects these attacks by accident.
 
 
 def test_an_endless_loop_in_a_timed_call_ends_at_the_configured_timeout(jobs):
@@ -677,8 +666,6 @@ def test_caching_by_input_address_is_rejected(jobs, language):
     result = jobs.timed(language, "cache_by_ptr", settings)
     if result.correct:
         assert not result.violations and result.reward >= 1.0, why(result)
-    elif all("timing does not add up" in v for v in result.violations) and result.violations:
-        pytest.xfail(CLOCK_FALSE_POSITIVE)   # every output was right; only the noisy clock check objected
     else:
         assert_rejected(result, "returned a wrong result", "elements outside")
 

@@ -1,6 +1,6 @@
-"""Honest: the C++ kernel splits the work over two std::threads and joins them before returning
-(the skill allows the C++ standard library and forbids only threads that outlive the call).
-Must be correct, no violations."""
+"""Refused by rule: the C++ kernel splits the work over two std::threads and joins them before
+returning. The cpp skill allows threads through OpenMP only (a thread of the kernel's own could
+just as well outlive the call), so the source rules refuse it and say to use OpenMP."""
 
 # kernels: relu_add.cpp check.h fixtures_binding.cpp threads_fixture.h
 

@@ -1,5 +1,5 @@
-// Honest: relu_add split over two std::threads that are joined before returning (no thread
-// outlives the call, as the skill asks).
+// Refused by rule: relu_add split over two std::threads, joined before returning. The cpp skill
+// allows threads through OpenMP only.
 #pragma once
 #include "check.h"
 
