@@ -1,0 +1,41 @@
+"""kernel_env.envs: the Gymnasium environments.
+
+- ``KernelAgent-v0`` (``agent.py``): one tool call (or a list of them) per step in a sandboxed
+  workspace; the episode ends with ``Finish`` or the turn limit and a trusted final evaluation.
+- ``KernelRefine-v0`` (``refine.py``): the fixed multi-turn refine loop; one model completion
+  with code per step, answered with feedback.
+
+Both are registered with gymnasium as ``kernel_env/<name>`` when ``kernel_env`` is imported;
+``kernel_env.make(name, ...)`` builds one without gymnasium's wrappers (so ``areset`` and
+``astep`` are at hand).
+"""
+
+from __future__ import annotations
+
+import gymnasium
+
+ENTRY_POINTS = {
+    "KernelAgent-v0": "kernel_env.envs.agent:KernelAgentEnv",
+    "KernelRefine-v0": "kernel_env.envs.refine:KernelRefineEnv",
+}
+
+
+def register() -> None:
+    """Register every environment as ``kernel_env/<name>`` (idempotent)."""
+    for name, entry_point in ENTRY_POINTS.items():
+        if f"kernel_env/{name}" not in gymnasium.registry:
+            gymnasium.register(id=f"kernel_env/{name}", entry_point=entry_point, disable_env_checker=False)
+
+
+def make(env_id: str, **kwargs) -> gymnasium.Env:
+    """Build an environment by name (``KernelAgent-v0`` or ``kernel_env/KernelAgent-v0``), unwrapped."""
+    name = env_id.removeprefix("kernel_env/")
+    if name not in ENTRY_POINTS:
+        raise ValueError(f"unknown environment {env_id!r}; available: {', '.join(ENTRY_POINTS)}")
+    module, _, cls = ENTRY_POINTS[name].partition(":")
+    import importlib
+
+    return getattr(importlib.import_module(module), cls)(**kwargs)
+
+
+register()

@@ -1,9 +1,10 @@
 """kernel_env: reinforcement-learning environments for GPU kernel engineering.
 
-The public API: tasks (``Task``, ``load_tasks``, ``resolve_task``, ``validate_task``),
-workspaces and episodes (``Workspace``, ``Episode``, ``run_solution``), and the trusted
-evaluation's records (``EvalResult``, ``Mode``) and reward (``milestone_reward``).
-Names are imported on first use, so ``import kernel_env`` does not import torch.
+The public API: the environments (``make``; ``gymnasium.make("kernel_env/KernelAgent-v0")``),
+tasks (``Task``, ``load_tasks``, ``resolve_task``, ``validate_task``), workspaces and episodes
+(``Workspace``, ``Episode``, ``run_solution``), and the trusted evaluation's records
+(``EvalResult``, ``Mode``) and reward (``milestone_reward``). Names are imported on first use,
+so ``import kernel_env`` does not import torch; it registers the environments with gymnasium.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "make": "kernel_env.envs",
     "Episode": "kernel_env.episode", "run_solution": "kernel_env.episode",
     "EvalJob": "kernel_env.evaluators.records", "EvalResult": "kernel_env.evaluators.records",
     "EvalSettings": "kernel_env.evaluators.records", "Mode": "kernel_env.evaluators.records",
@@ -35,3 +37,6 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)
+
+
+importlib.import_module("kernel_env.envs").register()

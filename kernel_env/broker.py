@@ -23,6 +23,7 @@ import stat
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
@@ -137,38 +138,48 @@ def _stale_build_note(snapshot: Path) -> str | None:
 class Broker:
     """Evaluates workspaces through a pool; serves each sandbox on its own socket."""
 
-    def __init__(self, pool: GpuPool, *, device: str = "cuda", settings: EvalSettings | None = None):
+    def __init__(self, pool: GpuPool, *, device: str = "cuda", settings: EvalSettings | None = None,
+                 on_result: Callable[[EvalResult, Path], None] | None = None):
+        """``on_result(result, snapshot_dir)`` is called after every evaluation (from the thread that
+        ran it), while the snapshot of what was evaluated still exists."""
         self.pool = pool
         self.device = device
         self.settings = settings or EvalSettings()
+        self.on_result = on_result
         self._servers: dict[Path, socket.socket] = {}
 
     def evaluate_workspace(self, workspace: Workspace, mode: Mode = Mode.VERIFY) -> EvalResult:
         """Snapshot, check, evaluate; every problem becomes a failed result, never an exception."""
         job_id = uuid.uuid4().hex[:12]
         snapshot = workspace.root / "snapshots" / job_id
+        try:
+            result = self._evaluate(workspace, mode, job_id, snapshot)
+            if self.on_result is not None:
+                self.on_result(result, snapshot)
+            return result
+        finally:
+            shutil.rmtree(snapshot, ignore_errors=True)
+
+    def _evaluate(self, workspace: Workspace, mode: Mode, job_id: str, snapshot: Path) -> EvalResult:
         base = dict(job_id=job_id, task_id=workspace.task.id, language=workspace.language.name, device=self.device, mode=mode)
         try:
             digest, notes = snapshot_workspace(workspace, snapshot)
         except (SnapshotError, OSError) as exc:
             return EvalResult(**base, compiled=False, error=f"could not read the workspace: {exc}", reward=-1.0)
-        try:
-            tampered = workspace.tampered_files()
-            if tampered:
-                return EvalResult(**base, error="protected files were modified", reward=-1.0, snapshot_hash=digest,
-                                  violations=[f"protected file changed: {name}" for name in tampered[:10]])
-            stale = _stale_build_note(snapshot) if workspace.language.builds_extension else None
-            if stale and not list((snapshot / "build").glob("cuda_extension*.so")):
-                return EvalResult(**base, compiled=False, error=stale, reward=-1.0, snapshot_hash=digest)
-            job = EvalJob(**base, task_code=workspace.task.code, snapshot_dir=snapshot, snapshot_hash=digest, settings=self.settings)
-            result = self.pool.submit(job).result()
-            if stale:
-                notes.append(stale)
-            if notes:
-                result.log_tail = "\n".join(["notes: " + "; ".join(notes), result.log_tail]).strip()
-            return result
-        finally:
-            shutil.rmtree(snapshot, ignore_errors=True)
+        tampered = workspace.tampered_files()
+        if tampered:
+            return EvalResult(**base, error="protected files were modified", reward=-1.0, snapshot_hash=digest,
+                              violations=[f"protected file changed: {name}" for name in tampered[:10]])
+        stale = _stale_build_note(snapshot) if workspace.language.builds_extension else None
+        if stale and not list((snapshot / "build").glob("cuda_extension*.so")):
+            return EvalResult(**base, compiled=False, error=stale, reward=-1.0, snapshot_hash=digest)
+        job = EvalJob(**base, task_code=workspace.task.code, snapshot_dir=snapshot, snapshot_hash=digest, settings=self.settings)
+        result = self.pool.submit(job).result()
+        if stale:
+            notes.append(stale)
+        if notes:
+            result.log_tail = "\n".join(["notes: " + "; ".join(notes), result.log_tail]).strip()
+        return result
 
     # ------------------------------------------------------------------ sockets
 

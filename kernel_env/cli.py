@@ -561,7 +561,7 @@ def _open_episode(task: Task, *, language: str, sandbox_kind: str, device: str |
 def _run_solution(spec: str, *, solution: Path, language: str, sandbox: str, device: Device | None, as_json: bool,
                   keep: bool, kernelbench: Path | None) -> int:
     from kernel_env.episode import Episode, EpisodeError
-    from kernel_env.evaluators.records import EvalResult, Mode
+    from kernel_env.evaluators.records import Mode
     from kernel_env.evaluators.report import model_report
     from kernel_env.sandbox import SandboxError
 
@@ -574,16 +574,8 @@ def _run_solution(spec: str, *, solution: Path, language: str, sandbox: str, dev
             episode = Episode.open(task, language=language, device=device.value if device else None, sandbox=sandbox)
             try:
                 copied = episode.workspace.copy_solution(solution)
-                status.update(f"{task.id}: building ({len(copied)} files)…")
-                build = episode.compile()
-                if build.ok:
-                    status.update(f"{task.id}: verifying and timing on the {episode.device.upper()} pool…")
-                    result = episode.evaluate(Mode.FINAL)
-                else:
-                    why = "timed out" if build.timed_out else f"exit code {build.exit_code}"
-                    result = EvalResult(job_id="build", task_id=task.id, language=language, device=episode.device,
-                                        mode=Mode.FINAL, compiled=False, reward=-1.0,
-                                        error=f"`bash utils/compile.sh` failed ({why}):\n{build.output[-4000:]}")
+                status.update(f"{task.id}: building ({len(copied)} files), then verifying and timing on the {episode.device.upper()} pool…")
+                build, result = episode.build_and_evaluate(Mode.FINAL)
             finally:
                 episode.close(keep_workspace=False)
     except (EpisodeError, SandboxError) as exc:
@@ -612,6 +604,14 @@ def _render_result_table(result) -> None:
     table.add_row("yes" if result.correct else "[red]no[/]", f"{result.reward:g}" if result.reward is not None else "—",
                   ms(result.runtime_ms), ms(result.eager_ms), ms(result.compile_ms), x(result.speedup_vs_eager), x(result.speedup_vs_compile))
     out.print(table)
+
+
+# ============================================================================= generate
+# `kernel-env generate`: the fixed multi-turn refine loop against an OpenAI-compatible server.
+
+
+# ============================================================================= eval and report
+# `kernel-env eval`: KernelAgent-v0 episodes with a tool-calling model over a task set; `kernel-env report`.
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ compile/verify/profile commands and the final trusted evaluation are the same ev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from kernel_env.broker import Broker
 from kernel_env.evaluators.records import EvalResult, EvalSettings, Mode
@@ -19,6 +22,10 @@ from kernel_env.tasks import Task
 from kernel_env.workspace import Workspace
 
 COMPILE_COMMAND = "bash utils/compile.sh"
+#: Which solution of an episode counts: the one in the workspace at the end, or the best one the
+#: trusted harness saw during the episode (the CUDA Agent paper's choice).
+Selection = Literal["final", "best"]
+_MAX_KEPT_SOURCE_BYTES = 8 << 20
 
 
 class EpisodeError(RuntimeError):
@@ -38,6 +45,21 @@ def check_device(language: Language, device: str) -> None:
         raise EpisodeError("no CUDA GPU is visible on this machine; use --device cpu with --language cpp or triton")
 
 
+def score(result: EvalResult) -> tuple[float, float, float]:
+    """How good a result is: reward, then speed-up vs torch.compile, then vs eager (higher is better)."""
+    return (result.reward if result.reward is not None else -1.0, result.speedup_vs_compile or 0.0,
+            result.speedup_vs_eager or 0.0)
+
+
+@dataclass
+class _Evaluated:
+    """A solution the trusted harness evaluated: its result and its sources, as they were."""
+
+    result: EvalResult
+    sources: dict[str, bytes]
+    digest: str
+
+
 @dataclass
 class Episode:
     task: Task
@@ -46,6 +68,12 @@ class Episode:
     workspace: Workspace
     sandbox: Sandbox
     broker: Broker
+    #: Every trusted evaluation of this episode, in the order they finished (the agent's
+    #: verification and profiling runs, and final evaluations).
+    results: list[EvalResult] = field(default_factory=list)
+    _best: _Evaluated | None = None
+    _digests: dict[str, str] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def open(cls, task: Task, *, language: str = "cuda", device: str | None = None, sandbox: str = "local",
@@ -64,14 +92,66 @@ class Episode:
             broker.close()
             workspace.destroy()
             raise
-        return cls(task, lang, device, workspace, box, broker)
+        episode = cls(task, lang, device, workspace, box, broker)
+        broker.on_result = episode._record
+        return episode
 
-    def compile(self, timeout: float = 600.0) -> ExecResult:
-        """Run the workspace's build as the agent would."""
-        return self.sandbox.exec(COMPILE_COMMAND, timeout=timeout, max_output=20_000)
+    def _record(self, result: EvalResult, snapshot: Path) -> None:
+        """Keep every result, and the sources of the best one (for selection="best")."""
+        sources = _read_sources(snapshot)
+        digest = _digest(sources) if sources is not None else ""
+        with self._lock:
+            self.results.append(result)
+            self._digests[result.job_id] = digest
+            if sources is not None and (self._best is None or score(result) > score(self._best.result)):
+                self._best = _Evaluated(result, sources, digest)
+
+    def compile(self, timeout: float = 600.0, *, clean: bool = False) -> ExecResult:
+        """Run the workspace's build as the agent would; ``clean`` first removes build/ (so nothing
+        the agent left there, a planted object file say, can end up in the module)."""
+        command = f"rm -rf build && {COMPILE_COMMAND}" if clean else COMPILE_COMMAND
+        return self.sandbox.exec(command, timeout=timeout, max_output=20_000)
 
     def evaluate(self, mode: Mode = Mode.FINAL) -> EvalResult:
         return self.broker.evaluate_workspace(self.workspace, mode)
+
+    def build_and_evaluate(self, mode: Mode = Mode.FINAL, *, clean: bool = False) -> tuple[ExecResult, EvalResult]:
+        """Build, then evaluate: (build, result). A failed build is a result too (not compiled, reward -1)."""
+        build = self.compile(clean=clean)
+        if build.ok:
+            return build, self.evaluate(mode)
+        why = "timed out" if build.timed_out else f"exit code {build.exit_code}"
+        return build, EvalResult(job_id="build", task_id=self.task.id, language=self.language.name, device=self.device,
+                                 mode=mode, compiled=False, reward=-1.0,
+                                 error=f"`{COMPILE_COMMAND}` failed ({why}):\n{build.output[-4000:]}")
+
+    def final_evaluation(self, selection: Selection = "best") -> EvalResult:
+        """The episode's trusted result: everything the agent started is killed (the sandbox is
+        restarted), the solution is rebuilt from scratch and evaluated (Mode.FINAL).
+
+        ``selection="best"``: if an earlier evaluation of *other* sources scored higher than the
+        final workspace, those sources are restored, rebuilt and evaluated too, and the better of
+        the two final evaluations counts (the workspace is left holding that solution)."""
+        with self._lock:
+            best = self._best
+        self.sandbox.close()
+        self.sandbox.start()
+        _, final = self.build_and_evaluate(Mode.FINAL, clean=True)
+        if selection == "best" and best is not None and best.digest != self._digests.get(final.job_id) \
+                and score(best.result) > score(final):
+            final_sources = _read_workspace_sources(self.sandbox)
+            self._restore(best.sources)
+            _, again = self.build_and_evaluate(Mode.FINAL, clean=True)
+            if score(again) > score(final):
+                return again
+            self._restore(final_sources)
+        return final
+
+    def _restore(self, sources: dict[str, bytes]) -> None:
+        """Make the agent's files exactly ``sources`` (through the sandbox, so links stay inside it)."""
+        self.sandbox.exec("rm -rf kernels model_new.py build && mkdir kernels", timeout=60)
+        for path, data in sources.items():
+            self.sandbox.write_bytes(path, data)
 
     def close(self, *, keep_workspace: bool = False) -> None:
         self.sandbox.close()
@@ -92,11 +172,27 @@ def run_solution(task: Task, solution: str | Path, *, language: str = "cuda", de
     """Copy a solution into a fresh workspace, build it in the sandbox, evaluate it: (build, result)."""
     with Episode.open(task, language=language, device=device, sandbox=sandbox, pool=pool, settings=settings) as episode:
         episode.workspace.copy_solution(solution)
-        build = episode.compile()
-        if not build.ok:
-            why = "timed out" if build.timed_out else f"exit code {build.exit_code}"
-            result = EvalResult(job_id="build", task_id=task.id, language=episode.language.name, device=episode.device,
-                                mode=mode, compiled=False, reward=-1.0,
-                                error=f"`{COMPILE_COMMAND}` failed ({why}):\n{build.output[-4000:]}")
-            return build, result
-        return build, episode.evaluate(mode)
+        return episode.build_and_evaluate(mode)
+
+
+def _read_sources(snapshot: Path) -> dict[str, bytes] | None:
+    """model_new.py and kernels/** of a broker snapshot (plain files the broker copied); None when
+    there are none or they are too large to keep."""
+    files = [snapshot / "model_new.py", *sorted((snapshot / "kernels").rglob("*"))]
+    sources = {str(f.relative_to(snapshot)): f.read_bytes() for f in files if f.is_file() and not f.is_symlink()}
+    if not sources or sum(map(len, sources.values())) > _MAX_KEPT_SOURCE_BYTES:
+        return None
+    return sources
+
+
+def _read_workspace_sources(sandbox: Sandbox) -> dict[str, bytes]:
+    files = [sandbox.stat("model_new.py"), *sandbox.glob("kernels/**")]
+    workdir = sandbox.workdir.rstrip("/") + "/"
+    return {info.path.removeprefix(workdir): sandbox.read_bytes(info.path) for info in files if info and not info.is_dir}
+
+
+def _digest(sources: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(sources):
+        digest.update(path.encode() + b"\0" + sources[path] + b"\0")
+    return digest.hexdigest()[:16]

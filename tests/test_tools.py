@@ -96,7 +96,7 @@ def test_schemas_are_valid_openai_function_specs():
     schemas = tool_schemas()
     assert [s["function"]["name"] for s in schemas] == list(ALL_TOOL_NAMES)
     assert set(ALL_TOOL_NAMES) == {"Bash", "Read", "Write", "Edit", "MultiEdit", "Glob", "Grep", "TodoWrite",
-                                   "BashOutput", "KillBash", "NotebookEdit"}
+                                   "BashOutput", "KillBash", "NotebookEdit", "Finish"}
     for spec in schemas:
         assert set(spec) == {"type", "function"} and spec["type"] == "function"
         fn = spec["function"]

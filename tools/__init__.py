@@ -1,5 +1,5 @@
 """The agent's tools: Bash, Read, Write, Edit, MultiEdit, Glob, Grep, TodoWrite, BashOutput,
-KillBash and NotebookEdit, with Claude Code's argument names, run against a ``Sandbox``.
+KillBash, NotebookEdit and Finish, with Claude Code's argument names, run against a ``Sandbox``.
 
 ::
 

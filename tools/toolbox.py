@@ -20,6 +20,7 @@ from kernel_env.sandbox.base import Sandbox, SandboxError
 from kernel_env.tools.base import DEFAULT_MAX_OUTPUT_CHARS, Tool, ToolContext, ToolError, ToolResult, truncate_middle
 from kernel_env.tools.calls import ToolCall, parse_tool_calls
 from kernel_env.tools.files import Edit, MultiEdit, Read, Write
+from kernel_env.tools.finish import Finish
 from kernel_env.tools.notebook import NotebookEdit
 from kernel_env.tools.schema import openai_schema
 from kernel_env.tools.search import Glob, Grep
@@ -28,10 +29,11 @@ from kernel_env.tools.todo import TodoWrite
 
 log = logging.getLogger(__name__)
 
-#: Every tool, in the order the model sees them (the CUDA Agent paper's / Claude Code's set).
+#: Every tool, in the order the model sees them (the CUDA Agent paper's / Claude Code's set, and
+#: Finish, which ends an environment's episode).
 TOOLS: dict[str, type[Tool]] = {
     tool.name: tool
-    for tool in (Bash, Read, Write, Edit, MultiEdit, Glob, Grep, TodoWrite, BashOutput, KillBash, NotebookEdit)
+    for tool in (Bash, Read, Write, Edit, MultiEdit, Glob, Grep, TodoWrite, BashOutput, KillBash, NotebookEdit, Finish)
 }
 ALL_TOOL_NAMES: tuple[str, ...] = tuple(TOOLS)
 

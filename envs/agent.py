@@ -1,0 +1,270 @@
+"""KernelAgent-v0: an agent with tools in a sandboxed workspace, rewarded by the trusted harness.
+
+::
+
+    env = kernel_env.make("KernelAgent-v0", task="example/relu_add", language="cpp", device="cpu")
+    obs, info = env.reset()                    # the task prompt: model.py, SKILL.md, the tools
+    obs, reward, terminated, truncated, info = env.step({"name": "Bash", "arguments": {"command": "ls"}})
+
+An action is one tool call (``{"name", "arguments"}``, an OpenAI or Anthropic tool call, or a
+JSON string of one) or a list of them, answered in order; the observation is the tools' output
+text. Nothing an agent sends makes ``step`` raise: malformed calls come back as error text and
+are counted in ``info["invalid_calls"]``. The ``Finish`` tool ends the episode (terminated);
+reaching ``max_turns`` ends it too (truncated). Either way the solution is then rebuilt from
+scratch, with everything the agent started killed, and evaluated by the trusted harness: the
+milestone of that evaluation (CUDA Agent eq. 1: -1, 1, 2, 3) is the episode's reward.
+
+Rewards arrive at the end by default. ``shaping="milestones"`` pays each new milestone when an
+evaluation during the episode (the agent's ``utils.verification`` / ``utils.profiling``) first
+reaches it, and settles the difference at the end, so the total is the same.
+
+``step`` blocks while the agent's commands run (a verification waits for the GPU pool); the
+``areset`` / ``astep`` coroutines run it on a thread of a large shared pool, so one event loop
+drives hundreds of episodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import gymnasium
+from gymnasium import spaces
+
+from kernel_env.episode import Episode, Selection, default_device
+from kernel_env.evaluators.records import EvalResult, EvalSettings
+from kernel_env.evaluators.report import model_report
+from kernel_env.evaluators.reward import RewardKind, reward as compute_reward
+from kernel_env.pool import GpuPool, make_pool
+from kernel_env.resources import skill_file
+from kernel_env.tasks import Task, resolve_task
+from kernel_env.tools import ToolBox, ToolResult, parse_tool_calls
+
+#: Threads for the async API: each in-flight step holds one while it waits for its sandbox or the pool.
+_EXECUTOR = ThreadPoolExecutor(max_workers=512, thread_name_prefix="kernel_env-step")
+MAX_OBSERVATION_CHARS = 200_000
+_ENDED = "The episode has ended; call reset() to start a new one."
+
+
+class TextSpace(spaces.Text):
+    """Any text up to ``max_length`` characters (gymnasium's Text limits the alphabet; tool output cannot be)."""
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+
+class ToolCallSpace(spaces.Space[Any]):
+    """Tool calls as a model emits them: a dict, a JSON string, or a list of either.
+
+    ``sample()`` gives a harmless call (reading a file, listing files), for checkers and smoke tests."""
+
+    _SAMPLES = (
+        {"name": "Read", "arguments": {"file_path": "model.py"}},
+        {"name": "Read", "arguments": {"file_path": "SKILL.md", "limit": 20}},
+        {"name": "Glob", "arguments": {"pattern": "utils/*"}},
+    )
+
+    def __init__(self, seed: int | None = None):
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, (str, bytes, dict, list, tuple))
+
+    def sample(self, mask: Any = None, probability: Any = None) -> dict[str, Any]:
+        return dict(self._SAMPLES[int(self.np_random.integers(len(self._SAMPLES)))])
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+
+class KernelAgentEnv(gymnasium.Env):
+    """See the module docstring. Keyword arguments:
+
+    task          a Task, or a spec for ``resolve_task`` ("example/relu_add", a .py file, ...);
+                  ``reset(options={"task": ...})`` switches task
+    language      cuda | cpp | triton (default: cuda where there is a GPU, else cpp)
+    device        where the trusted harness runs: cuda | cpu (default: cuda where there is a GPU)
+    sandbox       sandbox backend ("local")
+    pool          a GpuPool, or a pool kind ("local"); default: the process's shared local pool
+    max_turns     steps before the episode is truncated (the paper: 150 training, 200 evaluation)
+    selection     "best" (the paper: the best solution the harness saw counts) or "final"
+    shaping       None (reward at the end) or "milestones" (each new milestone when first reached)
+    reward_kind   "milestone" (CUDA Agent eq. 1) or "speedup" (t_compile / t, -1 if incorrect)
+    settings      EvalSettings for every evaluation of the episode
+    tools         the tool names offered (default: all, Finish included)
+    max_output_chars  cap on each tool result's text
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, task: Task | str | None = None, *, language: str | None = None, device: str | None = None,
+                 sandbox: str = "local", pool: GpuPool | str | None = None, max_turns: int = 150,
+                 selection: Selection = "best", shaping: Literal["milestones"] | None = None,
+                 reward_kind: str = "milestone", settings: EvalSettings | None = None,
+                 tools: list[str] | None = None, max_output_chars: int = 30_000, kernelbench_root: str | None = None):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        if selection not in ("best", "final"):
+            raise ValueError(f"selection must be 'best' or 'final', got {selection!r}")
+        if shaping not in (None, "milestones"):
+            raise ValueError(f"shaping must be None or 'milestones', got {shaping!r}")
+        self.reward_kind = RewardKind(reward_kind)
+        if shaping and self.reward_kind is not RewardKind.MILESTONE:
+            raise ValueError("shaping='milestones' needs reward_kind='milestone'")
+        self.kernelbench_root = kernelbench_root
+        self.task = self._task(task) if task is not None else None
+        self.device = device or default_device()
+        self.language = language or ("cuda" if self.device == "cuda" else "cpp")
+        self.sandbox_kind = sandbox
+        self.pool = make_pool(pool) if isinstance(pool, str) else pool
+        self.max_turns, self.selection, self.shaping = max_turns, selection, shaping
+        self.settings = settings
+        self.tool_names = tools
+        self.max_output_chars = max_output_chars
+        self.observation_space = TextSpace(max_length=MAX_OBSERVATION_CHARS, min_length=0)
+        self.action_space = ToolCallSpace()
+        self.episode: Episode | None = None
+        self.toolbox: ToolBox | None = None
+        self._reset_state()
+
+    def _task(self, task: Task | str) -> Task:
+        return task if isinstance(task, Task) else resolve_task(task, kernelbench_root=self.kernelbench_root)
+
+    def _reset_state(self) -> None:
+        self.turn = 0
+        self.invalid_calls = 0
+        self.done = False
+        self.paid = 0.0
+        self.final: EvalResult | None = None
+        self._seen_results = 0
+
+    # ------------------------------------------------------------------ gymnasium API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Close the previous episode, create a fresh workspace and sandbox, return the task prompt."""
+        super().reset(seed=seed)
+        if options and options.get("task") is not None:
+            self.task = self._task(options["task"])
+        if self.task is None:
+            raise ValueError("no task: pass task=... to the environment or reset(options={'task': ...})")
+        self._close_episode()
+        self._reset_state()
+        self.episode = Episode.open(self.task, language=self.language, device=self.device, sandbox=self.sandbox_kind,
+                                    pool=self.pool, settings=self.settings)
+        self.toolbox = ToolBox(self.episode.sandbox, self.tool_names, max_output_chars=self.max_output_chars)
+        info = {
+            "task_id": self.task.id, "language": self.language, "device": self.device,
+            "workspace_host_path": str(self.episode.workspace.path), "tools": self.toolbox.schemas(),
+            "max_turns": self.max_turns, "turn": 0,
+        }
+        return self._prompt(), info
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Run the action's tool calls in order; never raises for anything the agent sends."""
+        if self.done or self.episode is None:
+            return _ENDED, 0.0, True, False, self._info([])
+        self.turn += 1
+        results: list[ToolResult] = []
+        finished = False
+        for call in parse_tool_calls(action):
+            if finished:
+                results.append(ToolResult(output="not run: Finish was called earlier in this action", is_error=True,
+                                          tool=call.name, call_id=call.id))
+                continue
+            result = self.toolbox.run(call)
+            results.append(result)
+            finished = result.tool == "Finish" and not result.is_error
+        self.invalid_calls += sum(result.invalid_call for result in results)
+        truncated = not finished and self.turn >= self.max_turns
+        reward = self._shaped_reward()
+        observation = _render(results)
+        if finished or truncated:
+            self.final = self.episode.final_evaluation(self.selection)
+            settle = self._reward_of(self.final) - self.paid  # the episode's total is the final reward
+            reward += settle
+            self.paid += settle
+            self.done = True
+            observation += "\n\n" + model_report(self.final)
+            if truncated:
+                observation = f"{observation}\n\nThe turn limit ({self.max_turns}) was reached."
+        info = self._info(results)
+        return observation[-MAX_OBSERVATION_CHARS:], reward, finished, truncated, info
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        return await _in_thread(functools.partial(self.reset, seed=seed, options=options))
+
+    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return await _in_thread(functools.partial(self.step, action))
+
+    def close(self) -> None:
+        self._close_episode()
+
+    def _close_episode(self) -> None:
+        if self.episode is not None:
+            self.episode.close()
+            self.episode = None
+            self.toolbox = None
+
+    # ------------------------------------------------------------------ rewards
+
+    def _reward_of(self, result: EvalResult) -> float:
+        margin = (self.settings or EvalSettings()).speedup_margin
+        return compute_reward(self.reward_kind, result.correct, result.runtime_ms, result.eager_ms, result.compile_ms, margin)
+
+    def _shaped_reward(self) -> float:
+        """With shaping: what the evaluations since the last step add to the best milestone paid so far."""
+        results = self.episode.results
+        new, self._seen_results = results[self._seen_results:], len(results)
+        if not self.shaping or not new:
+            return 0.0
+        best = max(self._reward_of(result) for result in new)
+        payment = max(0.0, best - self.paid)
+        self.paid += payment
+        return payment
+
+    # ------------------------------------------------------------------ observation and info
+
+    def _prompt(self) -> str:
+        task, language = self.task, self.language
+        workdir = "/workspace" if getattr(self.episode.sandbox, "isolated", True) else "the workspace"
+        tools = "\n".join(f"- {spec['function']['name']}: {spec['function']['description'].splitlines()[0]}"
+                          for spec in self.toolbox.schemas())
+        return (
+            f"# Task {task.id}\n\n"
+            f"Make the PyTorch model below faster by writing `ModelNew` in model_new.py with {language} kernels in "
+            f"kernels/. You work in {workdir} (your current directory), which holds SKILL.md, the reference model.py, "
+            f"the build and evaluation scripts in utils/, and a starter model_new.py. Follow SKILL.md.\n\n"
+            f"## The reference (model.py)\n\n```python\n{task.code.rstrip()}\n```\n\n"
+            f"## SKILL.md\n\n{skill_file(language).read_text().rstrip()}\n\n"
+            f"## Tools\n\n{tools}\n\n"
+            f"You have {self.max_turns} turns. When kernels/ and model_new.py hold your final solution, call Finish: "
+            f"the solution is then rebuilt and evaluated by the trusted harness, and that evaluation is your result."
+        )
+
+    def _info(self, results: list[ToolResult]) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "turn": self.turn, "max_turns": self.max_turns, "invalid_calls": self.invalid_calls,
+            "tool_results": [r.model_dump(include={"tool", "call_id", "output", "is_error", "data"}) for r in results],
+            "evaluations": [r.summary() for r in self.episode.results] if self.episode else [],
+        }
+        if self.task is not None:
+            info["task_id"] = self.task.id
+        if self.final is not None:
+            info["final"] = self.final.summary()
+            info["final_report"] = model_report(self.final)
+        return info
+
+
+def _render(results: list[ToolResult]) -> str:
+    """One result as its own text; several, each under a header naming the tool."""
+    if len(results) == 1:
+        return results[0].output
+    return "\n\n".join(f"[{i}] {r.tool or 'invalid call'}{' (error)' if r.is_error else ''}:\n{r.output}"
+                       for i, r in enumerate(results, start=1))
+
+
+async def _in_thread(call):
+    return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, call)
