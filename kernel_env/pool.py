@@ -4,8 +4,9 @@
 visible GPU (or one CPU worker when there is none); a worker runs one job at a time, so
 timings never share a device, and every job runs its code in fresh isolated child
 processes (``kernel_env.evaluators.harness``): a CUDA fault, a hang or ``os._exit`` ends that
-job alone. Jobs wait in a priority queue (final evaluations first, then FIFO). Every job is
-answered with an EvalResult, never with an exception.
+job alone. The ``ray`` pool runs the same jobs as Ray tasks on a cluster, one per GPU
+(``num_gpus=1``). Jobs wait in a priority queue (final evaluations first, then FIFO). Every
+job is answered with an EvalResult, never with an exception.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import itertools
 import logging
 import threading
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Protocol
 
 from kernel_env.evaluators.baselines import BaselineCache
@@ -113,15 +115,131 @@ class LocalPool:
         self.close()
 
 
+class RayPool:
+    """The same jobs as Ray tasks on a Ray cluster: one job per GPU (``num_gpus=1``), or per
+    ``cpu_job_cpus`` CPUs for CPU jobs.
+
+    ``address``: a running cluster (``"auto"``, ``"ray://host:10001"``) or None for this
+    process's Ray (started locally if none is running). The snapshot travels with the job, so
+    workers need no shared file system, only kernel_env installed. A job whose worker dies
+    (killed, out of memory, node lost) is retried once on another worker, then answered with an
+    error. At most as many jobs run as the cluster has slots; the rest wait here, in priority
+    order, so final evaluations are not stuck behind a queue of verifications.
+    """
+
+    def __init__(self, address: str | None = None, *, cpu_job_cpus: int = 1, reward_kind: str = "milestone",
+                 max_in_flight: int | None = None, init_options: dict | None = None):
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_options or {}))
+        self._ray = ray
+        self.cpu_job_cpus = cpu_job_cpus
+        self.reward_kind = reward_kind
+        resources = ray.cluster_resources()
+        self.gpus = int(resources.get("GPU", 0))
+        slots = self.gpus or max(1, int(resources.get("CPU", 1)) // cpu_job_cpus)
+        self.max_in_flight = max_in_flight or slots
+        self._queue: list[tuple[int, int, EvalJob, Future]] = []
+        self._order = itertools.count()
+        self._cv = threading.Condition()
+        self._in_flight = 0
+        self._closed = False
+        self._dispatcher = threading.Thread(target=self._dispatch, name="kernel_env-ray-pool", daemon=True)
+        self._dispatcher.start()
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpus > 0
+
+    def submit(self, job: EvalJob) -> Future[EvalResult]:
+        future: Future[EvalResult] = Future()
+        if job.device == "cuda" and not self.has_gpu:
+            future.set_result(_error(job, "the Ray cluster has no GPU: the job asks for device cuda"))
+            return future
+        with self._cv:
+            if self._closed:
+                future.set_result(_error(job, "the evaluation pool is closed"))
+                return future
+            heapq.heappush(self._queue, (job.priority, next(self._order), job, future))
+            self._cv.notify()
+        return future
+
+    def _dispatch(self) -> None:
+        from kernel_env.ray_worker import evaluate_remote
+
+        while True:
+            with self._cv:
+                while not self._closed and (not self._queue or self._in_flight >= self.max_in_flight):
+                    self._cv.wait()
+                if self._closed:
+                    return
+                _, _, job, future = heapq.heappop(self._queue)
+                self._in_flight += 1
+            if not future.set_running_or_notify_cancel():
+                self._done()
+                continue
+            try:
+                options = {"num_gpus": 1} if job.device == "cuda" else {"num_cpus": self.cpu_job_cpus}
+                ref = evaluate_remote.options(max_retries=1, **options).remote(
+                    job.model_copy(update={"snapshot_dir": Path()}), _pack(job.snapshot_dir), self.reward_kind)
+            except Exception as exc:  # noqa: BLE001 - a cluster problem answers the job
+                self._answer(job, future, _error(job, f"could not submit the job to Ray: {type(exc).__name__}: {exc}"))
+                continue
+            ref.future().add_done_callback(lambda done, job=job, future=future: self._answer(job, future, _unwrap(job, done)))
+
+    def _answer(self, job: EvalJob, future: Future, result: EvalResult) -> None:
+        future.set_result(result)
+        self._done()
+
+    def _done(self) -> None:
+        with self._cv:
+            self._in_flight -= 1
+            self._cv.notify()
+
+    def close(self) -> None:
+        """Answer queued jobs with an error; jobs already running on the cluster finish."""
+        with self._cv:
+            self._closed = True
+            pending, self._queue = self._queue, []
+            self._cv.notify_all()
+        for _, _, job, future in pending:
+            if future.set_running_or_notify_cancel():
+                future.set_result(_error(job, "the evaluation pool was closed before this job ran"))
+        self._dispatcher.join(timeout=1)
+
+    def __enter__(self) -> RayPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _pack(directory: Path) -> dict[str, bytes]:
+    """The snapshot's files (the broker copied plain files only), to travel with the job."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _unwrap(job: EvalJob, done) -> EvalResult:
+    try:
+        return done.result()
+    except Exception as exc:  # noqa: BLE001 - the worker died twice, or the cluster failed
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return _error(job, f"the Ray worker running this job died twice ({type(exc).__name__}: {message})")
+
+
 def _error(job: EvalJob, message: str) -> EvalResult:
     return EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
                       mode=job.mode, correct=False, error=message, reward=-1.0, snapshot_hash=job.snapshot_hash)
 
 
 def make_pool(kind: str = "local", **options) -> GpuPool:
+    """A pool by kind: ``local`` (LocalPool) or ``ray`` (RayPool; ``address=...``)."""
     if kind == "local":
         return LocalPool(**options)
-    raise ValueError(f"unknown pool {kind!r}; available: local")
+    if kind == "ray":
+        return RayPool(**options)
+    raise ValueError(f"unknown pool {kind!r}; available: local, ray")
 
 
 # The CPU pool is shared by default: a CPU job's timings are only honest when jobs do not overlap.
@@ -137,4 +255,4 @@ def default_pool() -> LocalPool:
         return _default_pool
 
 
-__all__ = ["GpuPool", "LocalPool", "default_pool", "make_pool", "visible_gpus"]
+__all__ = ["GpuPool", "LocalPool", "RayPool", "default_pool", "make_pool", "visible_gpus"]

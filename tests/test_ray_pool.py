@@ -1,0 +1,94 @@
+"""The Ray pool on a local Ray instance (CPU jobs): same results as the local pool, priorities,
+and a worker that dies twice answered with an error instead of a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kernel_env[ray]')")
+
+from kernel_env.evaluators.records import EvalJob, EvalSettings, Mode  # noqa: E402
+from kernel_env.pool import LocalPool, RayPool, make_pool  # noqa: E402
+from kernel_env.resources import example_dir  # noqa: E402
+
+TASK_CODE = (example_dir() / "task.py").read_text().replace("1 << 24", "1 << 12")
+SOLUTION = (example_dir() / "solutions" / "triton" / "model_new.py").read_text()
+ENDLESS = SOLUTION.replace("        x, y = x.contiguous(), y.contiguous()", "        while True:\n            pass")
+SETTINGS = EvalSettings(step_timeout_s=300)
+
+
+@pytest.fixture(scope="module")
+def ray_pool():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    pool = make_pool("ray")
+    yield pool
+    pool.close()
+    ray.shutdown()
+
+
+def job(tmp_path: Path, code: str, mode: Mode = Mode.VERIFY) -> EvalJob:
+    snapshot = tmp_path / f"snapshot-{uuid.uuid4().hex[:6]}"
+    (snapshot / "kernels").mkdir(parents=True)
+    (snapshot / "model_new.py").write_text(code)
+    return EvalJob(job_id=uuid.uuid4().hex[:12], task_id="test/relu_add_4k", task_code=TASK_CODE, language="triton",
+                   device="cpu", mode=mode, snapshot_dir=snapshot, settings=SETTINGS)
+
+
+def test_a_ray_job_gives_the_same_result_as_the_local_pool(ray_pool, tmp_path):
+    assert isinstance(ray_pool, RayPool) and ray_pool.max_in_flight == 2
+    the_job = job(tmp_path, SOLUTION)
+    remote = ray_pool.submit(the_job).result(timeout=300)
+    with LocalPool(["cpu"]) as local_pool:
+        local = local_pool.submit(the_job).result(timeout=300)
+    assert remote.correct and local.correct, (remote.error, local.error)
+    assert type(remote) is type(local) and remote.summary().keys() == local.summary().keys()
+    assert [t.correct for t in remote.trials] == [t.correct for t in local.trials]
+    assert (remote.job_id, remote.mode, remote.reward) == (local.job_id, local.mode, local.reward)
+
+
+def test_cuda_jobs_on_a_cluster_without_gpus_are_answered_with_an_error(ray_pool, tmp_path):
+    cuda_job = job(tmp_path, SOLUTION).model_copy(update={"device": "cuda"})
+    result = ray_pool.submit(cuda_job).result(timeout=10)
+    assert not result.correct and "no GPU" in result.error and result.reward == -1.0
+
+
+def _workers_running(name: str = "evaluate_remote") -> list[int]:
+    """Ray workers executing our task (Ray titles a busy worker process `ray::<task name>`)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if handle.read().startswith(f"ray::{name}".encode()):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def _kill_the_worker(timeout: float = 120.0, avoid: frozenset[int] = frozenset()) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [pid for pid in _workers_running() if pid not in avoid]
+        if pids:
+            os.kill(pids[0], signal.SIGKILL)
+            return pids[0]
+        time.sleep(0.2)
+    pytest.fail("no Ray worker ran the job")
+
+
+def test_a_job_whose_worker_dies_is_retried_once_then_answered_with_an_error(ray_pool, tmp_path):
+    future = ray_pool.submit(job(tmp_path, ENDLESS))
+    first = _kill_the_worker()
+    _kill_the_worker(avoid=frozenset({first}))   # the retry, on a fresh worker
+    result = future.result(timeout=120)
+    assert not result.correct and result.reward == -1.0
+    assert "died twice" in result.error, result.error
+    # The pool still works after losing two workers.
+    assert ray_pool.submit(job(tmp_path, SOLUTION)).result(timeout=300).correct
