@@ -37,7 +37,7 @@ from kernel_env.episode import Episode, Selection, default_device
 from kernel_env.evaluators.records import EvalResult, EvalSettings
 from kernel_env.evaluators.report import model_report
 from kernel_env.evaluators.reward import RewardKind, reward as compute_reward
-from kernel_env.pool import GpuPool, make_pool
+from kernel_env.pool import GpuPool, shared_pool
 from kernel_env.resources import skill_file
 from kernel_env.tasks import Task, resolve_task
 from kernel_env.tools import ToolBox, ToolResult, parse_tool_calls
@@ -88,7 +88,8 @@ class KernelAgentEnv(gymnasium.Env):
     language      cuda | cpp | triton (default: cuda where there is a GPU, else cpp)
     device        where the trusted harness runs: cuda | cpu (default: cuda where there is a GPU)
     sandbox       sandbox backend ("local")
-    pool          a GpuPool, or a pool kind ("local"); default: the process's shared local pool
+    pool          a GpuPool, or a pool kind ("local", "ray") for this process's shared pool of that kind;
+                  default: the shared local pool
     max_turns     steps before the episode is truncated (the paper: 150 training, 200 evaluation)
     selection     "best" (the paper: the best solution the harness saw counts) or "final"
     shaping       None (reward at the end) or "milestones" (each new milestone when first reached)
@@ -119,7 +120,7 @@ class KernelAgentEnv(gymnasium.Env):
         self.device = device or default_device()
         self.language = language or ("cuda" if self.device == "cuda" else "cpp")
         self.sandbox_kind = sandbox
-        self.pool = make_pool(pool) if isinstance(pool, str) else pool
+        self.pool = shared_pool(pool) if isinstance(pool, str) else pool
         self.max_turns, self.selection, self.shaping = max_turns, selection, shaping
         self.settings = settings
         self.tool_names = tools

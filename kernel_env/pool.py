@@ -242,17 +242,22 @@ def make_pool(kind: str = "local", **options) -> GpuPool:
     raise ValueError(f"unknown pool {kind!r}; available: local, ray")
 
 
-# The CPU pool is shared by default: a CPU job's timings are only honest when jobs do not overlap.
-_default_lock = threading.Lock()
-_default_pool: LocalPool | None = None
+# Pools are shared within a process by default: a timing is only honest when jobs on one device
+# do not overlap, and many episodes must queue for the same devices.
+_shared_lock = threading.Lock()
+_shared: dict[str, GpuPool] = {}
 
 
-def default_pool() -> LocalPool:
-    global _default_pool
-    with _default_lock:
-        if _default_pool is None:
-            _default_pool = LocalPool()
-        return _default_pool
+def shared_pool(kind: str = "local") -> GpuPool:
+    """This process's pool of a kind (``local``, ``ray``), created on first use."""
+    with _shared_lock:
+        if kind not in _shared:
+            _shared[kind] = make_pool(kind)
+        return _shared[kind]
 
 
-__all__ = ["GpuPool", "LocalPool", "RayPool", "default_pool", "make_pool", "visible_gpus"]
+def default_pool() -> GpuPool:
+    return shared_pool("local")
+
+
+__all__ = ["GpuPool", "LocalPool", "RayPool", "default_pool", "make_pool", "shared_pool", "visible_gpus"]
