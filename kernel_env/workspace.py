@@ -112,6 +112,27 @@ class Workspace:
                 mode = p.stat().st_mode
                 p.chmod(mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
 
+    def hand_over(self, uid: int, gid: int) -> None:
+        """Make the agent's part of the episode owned by ``uid:gid``: the workspace folder and
+        everything in it except the protected files (they stay the host's, read-only), and the
+        sandbox's state folder. For a backend whose sandbox user is that uid on the host (docker
+        when the host is root). Links are changed themselves, never followed. Raises OSError
+        where this process may not change owners (it is not root)."""
+        for top, skip in ((self.path, PROTECTED), (self.state_dir, ())):
+            top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                _chown_if_needed(None, top_fd, uid, gid)
+                for name in os.listdir(top_fd):
+                    if name in skip:
+                        continue
+                    _chown_if_needed(name, top_fd, uid, gid)
+                    if stat.S_ISDIR(os.lstat(name, dir_fd=top_fd).st_mode):
+                        for _, dirs, files, dir_fd in os.fwalk(name, dir_fd=top_fd, follow_symlinks=False):
+                            for entry in (*dirs, *files):
+                                _chown_if_needed(entry, dir_fd, uid, gid)
+            finally:
+                os.close(top_fd)
+
     # ------------------------------------------------------------------ agent files
 
     def copy_solution(self, source: str | Path) -> list[str]:
@@ -145,3 +166,14 @@ class Workspace:
 
         if self.root.exists():
             shutil.rmtree(self.root, onexc=make_writable_and_retry)
+
+
+def _chown_if_needed(name: str | None, dir_fd: int, uid: int, gid: int) -> None:
+    """chown ``name`` (relative to ``dir_fd``; None: the folder itself) without following a link."""
+    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False) if name is not None else os.fstat(dir_fd)
+    if (info.st_uid, info.st_gid) == (uid, gid):
+        return
+    if name is None:
+        os.fchown(dir_fd, uid, gid)
+    else:
+        os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)

@@ -1,11 +1,14 @@
-"""Shared fixtures: tiny real tasks, real workspaces, real bubblewrap sandboxes.
+"""Shared fixtures: tiny real tasks, real workspaces, real sandboxes of every backend.
 
-Nothing here is mocked. Workspaces live under pytest's tmp_path; ``KERNEL_ENV_HOME`` points
-into a per-session temporary folder so no test writes to the user's ~/.cache.
+Nothing here is mocked. Sandbox fixtures run each test once per backend (``local``: bubblewrap;
+``docker``: a container of the local Docker engine, on the host-toolchain image kernel_env
+builds itself, so no registry is needed). Workspaces live under pytest's tmp_path;
+``KERNEL_ENV_HOME`` points into a per-session temporary folder so no test writes to the user's
+~/.cache.
 
-Where this host cannot give the sandbox something a test needs (bubblewrap, a cgroup), the
-test is skipped with a reason that names exactly what is not enforced here; pytest's ``-ra``
-(set in pyproject.toml) lists those reasons at the end of every run.
+Where this host cannot give the sandbox something a test needs (bubblewrap, a cgroup, a Docker
+engine), the test is skipped with a reason that names exactly what is not enforced here;
+pytest's ``-ra`` (set in pyproject.toml) lists those reasons at the end of every run.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from kernel_env.sandbox import BACKENDS
 from kernel_env.tasks import Task
-from support import TINY_TASK, bubblewrap_skip_reason
+from support import TINY_TASK, bubblewrap_skip_reason, docker_skip_reason
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -59,23 +63,45 @@ def make_workspace(tmp_path: Path) -> Iterator[Callable[..., object]]:
 
 
 @pytest.fixture
-def make_sandbox(make_workspace) -> Iterator[Callable[..., object]]:
-    """``make_sandbox(language="cpp", limits=None)`` → a started, isolating LocalSandbox, closed afterwards.
+def docker_engine() -> None:
+    """Skips the test, with the reason, only where no Docker engine answers; with
+    KERNEL_ENV_REQUIRE_DOCKER=1 (.ci/run sets it) that is a failure instead."""
+    reason = docker_skip_reason()
+    if reason:
+        if os.environ.get("KERNEL_ENV_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"KERNEL_ENV_REQUIRE_DOCKER=1 but the docker backend cannot run: {reason}")
+        pytest.skip(reason)
 
-    Skips (with the reason) where bubblewrap cannot isolate on this host: these tests are about
-    isolation, and the unisolated fallback has its own test.
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each sandbox backend in turn (docker only where an engine answers: see ``docker_engine``)."""
+    if request.param == "docker":
+        request.getfixturevalue("docker_engine")
+    return request.param
+
+
+@pytest.fixture
+def make_sandbox(make_workspace, backend: str) -> Iterator[Callable[..., object]]:
+    """``make_sandbox(language="cpp", limits=None, workspace=None, **options)`` → a started, isolating
+    sandbox of the backend under test, closed afterwards.
+
+    Skips the local backend (with the reason) where bubblewrap cannot isolate on this host: these
+    tests are about isolation, and the unisolated fallback has its own test.
     """
-    reason = bubblewrap_skip_reason()
+    reason = bubblewrap_skip_reason() if backend == "local" else None
     if reason:
         pytest.skip(reason)
-    from kernel_env.sandbox.local import LocalSandbox
+    from kernel_env.sandbox import make_sandbox as make_backend
 
     started = []
 
-    def make(language: str = "cpp", limits=None, workspace=None):
-        sandbox = LocalSandbox(workspace or make_workspace(language), limits=limits, require_isolation=True)
-        sandbox.start()
+    def make(language: str = "cpp", limits=None, workspace=None, **options):
+        if backend == "local":
+            options.setdefault("require_isolation", True)
+        sandbox = make_backend(backend, workspace or make_workspace(language), limits=limits, **options)
         started.append(sandbox)
+        sandbox.start()
         return sandbox
 
     yield make

@@ -44,6 +44,22 @@ def bubblewrap_skip_reason() -> str | None:
     return f"NOT ENFORCED ON THIS HOST: the local sandbox cannot isolate: {problem}" if problem else None
 
 
+def docker_skip_reason() -> str | None:
+    from kernel_env.sandbox.docker import docker_problem
+
+    problem = docker_problem()
+    return f"NOT ENFORCED ON THIS HOST: the docker sandbox cannot run: {problem}" if problem else None
+
+
+def _docker_engine_lacks(feature: str) -> str | None:
+    """Why the Docker engine cannot enforce a limit (``docker info``'s PidsLimit, MemoryLimit, SwapLimit), or None."""
+    from kernel_env.sandbox.docker import engine
+
+    if engine().info().get(feature):
+        return None
+    return f"NOT ENFORCED ON THIS HOST: the Docker engine reports {feature}=false (its cgroup controller is missing)"
+
+
 def cgroup_available() -> bool:
     """Whether this process can give a sandbox a cgroup (whole-sandbox process and memory caps)."""
     from kernel_env.sandbox.limits import Cgroup, Limits
@@ -55,8 +71,10 @@ def cgroup_available() -> bool:
     return True
 
 
-def process_limit_skip_reason() -> str | None:
+def process_limit_skip_reason(backend: str = "local") -> str | None:
     """Why the sandbox's process-count cap does not hold on this host, or None if it does."""
+    if backend == "docker":
+        return _docker_engine_lacks("PidsLimit")
     if cgroup_available():
         return None
     if os.geteuid() == 0:
@@ -65,7 +83,9 @@ def process_limit_skip_reason() -> str | None:
     return None  # not root: RLIMIT_NPROC applies to the sandbox's (host) uid
 
 
-def memory_limit_skip_reason() -> str | None:
+def memory_limit_skip_reason(backend: str = "local") -> str | None:
+    if backend == "docker":
+        return _docker_engine_lacks("MemoryLimit") or _docker_engine_lacks("SwapLimit")
     if cgroup_available():
         return None
     return ("NOT ENFORCED ON THIS HOST: no cgroup can be created (no writable memory controller), so only the "

@@ -1,8 +1,9 @@
-"""The local sandbox under attack: real bubblewrap, real processes, real host checks.
+"""The sandboxes under attack: real bubblewrap, real containers, real processes, real host checks.
 
+Every test that takes ``sandbox`` or ``make_sandbox`` runs once per backend (``local``, ``docker``).
 Each attack is contained, gives a clear result, and leaves the session usable. Where this host
-cannot enforce a limit (no bubblewrap, no cgroup), the test is skipped with a reason that
-starts with "NOT ENFORCED ON THIS HOST" and says exactly what does not hold.
+cannot enforce a limit (no bubblewrap, no cgroup, no Docker engine), the test is skipped with a
+reason that starts with "NOT ENFORCED ON THIS HOST" and says exactly what does not hold.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from support import TINY_TASK, bubblewrap_skip_reason, memory_limit_skip_reason, process_limit_skip_reason
+from support import TINY_TASK, memory_limit_skip_reason, process_limit_skip_reason
 from kernel_env.sandbox.base import SandboxError
 from kernel_env.sandbox.limits import Limits
 
@@ -86,7 +87,10 @@ def _usable(sandbox) -> None:
 def test_commands_run_as_an_unprivileged_user_in_the_workspace(sandbox):
     result = sandbox.exec("id -u; id -g; pwd; grep ^CapEff /proc/self/status")
     uid, gid, cwd, caps = result.output.split("\n")[:4]
-    assert (uid, gid, cwd) == ("1000", "1000", "/workspace")
+    # uid 1000; the docker backend on a host that is not root runs as that (unprivileged) host user
+    expected = "1000" if os.geteuid() == 0 or sandbox.uid == 1000 else str(os.geteuid())
+    assert (uid, cwd) == (str(sandbox.uid), "/workspace") and uid == expected and uid != "0"
+    assert gid != "0"
     assert caps.split()[1] == "0000000000000000"
 
 
@@ -179,28 +183,31 @@ def test_host_files_cannot_be_read_directly_or_through_symlinks(sandbox, tmp_pat
             sandbox.read_bytes(secret)
 
 
-def test_only_a_few_etc_files_are_visible(sandbox):
+def test_only_a_few_etc_files_are_visible(sandbox, backend):
     visible = set(sandbox.exec("ls -A /etc").output.split())
-    assert visible <= {"ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "nsswitch.conf",
-                       "mime.types", "ssl", "passwd", "group"}
+    allowed = {"ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "nsswitch.conf",
+               "mime.types", "ssl", "passwd", "group"}
+    if backend == "docker":  # the engine always writes these; their contents are checked below
+        allowed |= {"hostname", "hosts", "resolv.conf", "mtab"}
+        assert sandbox.exec("cat /etc/resolv.conf").output == ""  # not the host's name servers
+        assert sandbox.exec("cat /etc/hostname").output == "kernel-env\n"
+        assert sandbox.exec("grep -v localhost /etc/hosts | grep -v ^ff0 | grep -v ^fe00").output == ""
+    assert visible <= allowed
     passwd = sandbox.exec("cat /etc/passwd").output
-    assert passwd.startswith("agent:x:1000:1000:") and "$" not in passwd
+    assert passwd.startswith(f"agent:x:{sandbox.uid}:") and "$" not in passwd
 
 
-def test_read_only_binds_under_the_host_tmp_stay_visible(make_workspace, tmp_path):
+def test_read_only_binds_under_the_host_tmp_stay_visible(make_sandbox, tmp_path):
     """A venv in a checkout under /tmp (CI's fresh clone) must not vanish under the private /tmp."""
-    from kernel_env.sandbox.local import LocalSandbox
-
-    if reason := bubblewrap_skip_reason():
-        pytest.skip(reason)
     tools = tmp_path / "toolchain"
     tools.mkdir()
     (tools / "hello.sh").write_text("echo hello from the toolchain\n")
     (tmp_path / "beside_the_toolchain.txt").write_text("not bound")
-    with LocalSandbox(make_workspace(), extra_ro_binds=(str(tools),), require_isolation=True) as sandbox:
-        assert sandbox.exec(f"bash {tools}/hello.sh").output == "hello from the toolchain\n"
-        assert "Read-only file system" in sandbox.exec(f"touch {tools}/evil").output
-        assert sandbox.exec(f"test -e {tmp_path}/beside_the_toolchain.txt").exit_code == 1  # the rest stays private
+    sandbox = make_sandbox(extra_ro_binds=(str(tools),))
+    assert sandbox.exec(f"bash {tools}/hello.sh").output == "hello from the toolchain\n"
+    assert "Read-only file system" in sandbox.exec(f"touch {tools}/evil").output
+    assert sandbox.exec(f"test -e {tmp_path}/beside_the_toolchain.txt").exit_code == 1  # the rest stays private
+    sandbox.close()
     assert not (tools / "evil").exists()
 
 
@@ -245,11 +252,24 @@ def test_killing_the_shell_server_restarts_the_session_with_its_state(sandbox, a
     assert sandbox.restarts == 1
 
 
+def test_a_link_planted_in_the_state_folder_is_replaced_not_followed_on_restart(sandbox, tmp_path):
+    """The sandbox's passwd and group live in its (agent-writable) state folder and are rewritten by
+    the host on every start: a link planted there must not turn that into a write to a host file."""
+    victim = tmp_path / "host_file"
+    victim.write_text("host content\n")
+    planted = sandbox.exec(f"cd /run/kernel_env/state && for f in passwd group resolv.conf; do rm -f $f; ln -s {victim} $f; done; "
+                           "ls -l passwd")
+    assert f"-> {victim}" in planted.output, planted.output
+    assert sandbox.exec("kill -9 $PPID").exit_code is None  # the restart rewrites the files
+    assert sandbox.exec("head -1 /etc/passwd").output.startswith("agent:x:")
+    assert victim.read_text() == "host content\n"
+
+
 # ----------------------------------------------------------------------------- resource attacks
 
 
-def test_a_fork_bomb_is_contained_and_the_session_survives(make_sandbox):
-    reason = process_limit_skip_reason()
+def test_a_fork_bomb_is_contained_and_the_session_survives(make_sandbox, backend):
+    reason = process_limit_skip_reason(backend)
     if reason:
         pytest.skip(reason)
     limits = Limits(processes=128)
@@ -283,8 +303,8 @@ def test_a_30_gb_allocation_fails_inside_and_the_session_survives(sandbox):
     _usable(sandbox)
 
 
-def test_the_whole_sandbox_memory_cap_kills_a_process_that_touches_too_much(make_sandbox):
-    reason = memory_limit_skip_reason()
+def test_the_whole_sandbox_memory_cap_kills_a_process_that_touches_too_much(make_sandbox, backend):
+    reason = memory_limit_skip_reason(backend)
     if reason:
         pytest.skip(reason)
     sandbox = make_sandbox(limits=Limits(memory_bytes=256 << 20))
@@ -393,11 +413,12 @@ def test_a_person_gets_the_same_sandbox_interactively(sandbox):
     """``kernel-env run-task`` runs interactive_argv with the terminal; here its stdin is a pipe."""
     result = subprocess.run(sandbox.interactive_argv(), input="id -u; pwd; echo x >> model.py; exit 0\n",
                             capture_output=True, text=True, timeout=30)
-    assert result.stdout.split() == ["1000", "/workspace"]
+    assert result.stdout.split() == [str(sandbox.uid), "/workspace"]
     assert "model.py: Read-only file system" in result.stderr or "model.py: Permission denied" in result.stderr
 
 
 # ----------------------------------------------------------------------------- without bubblewrap
+# About the local backend only: how it behaves where bubblewrap cannot run.
 
 
 _UNISOLATED = textwrap.dedent(

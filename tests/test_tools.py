@@ -1,4 +1,4 @@
-"""The agent tools, run against a real sandbox (LocalSandbox, bubblewrap) on a real workspace."""
+"""The agent tools, run against a real sandbox of each backend (local bubblewrap, docker) on a real workspace."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kernel_env.sandbox.local import LocalSandbox
+from kernel_env.sandbox import make_sandbox
 from kernel_env.tasks import resolve_task
 from kernel_env.tools import (
     ALL_TOOL_NAMES,
@@ -32,9 +32,10 @@ def ws(tmp_path):
 
 
 @pytest.fixture
-def sandbox(ws):
-    """The real local sandbox (bubblewrap where the host allows it; the same server unisolated otherwise)."""
-    with LocalSandbox(ws) as sb:
+def sandbox(ws, backend):
+    """A real sandbox of each backend (local: bubblewrap where the host allows it, the same server
+    unisolated otherwise; docker: a container)."""
+    with make_sandbox(backend, ws) as sb:
         yield sb
 
 

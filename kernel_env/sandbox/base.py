@@ -4,7 +4,8 @@ Every backend (``local`` bubblewrap, ``docker``) runs the same small server insi
 isolation boundary (``kernel_env/sandbox/server.py``) and talks to it over its stdin and
 stdout, so commands *and* file operations happen with the sandbox's own privileges and
 view of the file system: a symlink the agent plants can never make the host read or write
-outside the workspace. Backends differ only in how they start that server.
+outside the workspace. Backends differ only in how they start and stop that server
+(``client.py`` holds the protocol they share).
 """
 
 from __future__ import annotations

@@ -2,11 +2,14 @@
 
 Both get the same read-only view of the toolchain: /usr (and its merged-/usr symlinks),
 /opt, the Python installation, a few /etc files, a synthetic passwd/group; nothing else of
-the host (no /home, /root, /etc secrets, other workspaces, the kernel_env cache).
+the host (no /home, /root, /etc secrets, other workspaces, the kernel_env cache). The docker
+backend's default image shows the same view (``toolchain_tops``, ``etc_files``,
+``python_prefixes``, ``identity_files``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -15,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,11 +42,59 @@ def bubblewrap_problem() -> str | None:
     return None
 
 
-def identity_files(state_dir: Path) -> None:
-    """Write the sandbox's own passwd and group into ``state_dir``."""
+def identity_files(state_dir: Path, uid: int = SANDBOX_UID, gid: int = SANDBOX_UID) -> None:
+    """Write the sandbox's own passwd and group into ``state_dir``.
+
+    The state directory is writable from inside the sandbox, so the agent may have replaced
+    these files with symlinks to host files: each is written as a fresh file and renamed over
+    whatever is there, which never follows a link. Raises OSError if that fails (a directory
+    planted under the name, say).
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
-    (state_dir / "passwd").write_text(f"agent:x:{SANDBOX_UID}:{SANDBOX_UID}:agent:/tmp/home:/bin/bash\nroot:x:0:0::/root:/usr/sbin/nologin\n")
-    (state_dir / "group").write_text(f"agent:x:{SANDBOX_UID}:\nroot:x:0:\n")
+    write_new_file(state_dir / "passwd", f"agent:x:{uid}:{gid}:agent:/tmp/home:/bin/bash\nroot:x:0:0::/root:/usr/sbin/nologin\n")
+    write_new_file(state_dir / "group", f"agent:x:{gid}:\nroot:x:0:\n")
+
+
+def write_new_file(path: Path, text: str) -> None:
+    """Replace ``path`` by a new regular file holding ``text`` (mode 0644); never follows a link at ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def toolchain_tops() -> list[tuple[str, str | None]]:
+    """The host's top-level toolchain directories, in order: (path, symlink target), the target
+    None for a real directory.
+
+    /usr, /bin, /lib*, /sbin, /opt; on a merged-/usr host /bin, /lib… are symlinks into /usr,
+    and a sandbox recreates them as the same symlinks.
+    """
+    tops: list[tuple[str, str | None]] = []
+    for top in ("usr", "bin", "lib", "lib64", "lib32", "sbin", "opt"):
+        src = Path("/") / top
+        if src.is_symlink():
+            tops.append((str(src), os.readlink(src)))
+        elif src.is_dir():
+            tops.append((str(src), None))
+    return tops
+
+
+def etc_files() -> list[str]:
+    """The host's /etc files a sandbox may see (those of ``_ETC_FILES`` that exist here)."""
+    return [f"/etc/{name}" for name in _ETC_FILES if (Path("/etc") / name).exists()]
+
+
+def python_prefixes() -> list[str]:
+    """The running interpreter's installation (venv and base Python) where /usr and /opt do not hold it."""
+    return [prefix for prefix in sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+            if prefix != "/usr" and not prefix.startswith(("/usr/", "/opt/"))]
 
 
 def base_argv(state_dir: Path, *, network: bool = False, new_session: bool = True, extra_ro_binds: tuple[str, ...] = ()) -> list[str]:
@@ -56,23 +108,17 @@ def base_argv(state_dir: Path, *, network: bool = False, new_session: bool = Tru
     ]
     if not network:
         argv.append("--unshare-net")
-    for top in ("usr", "bin", "lib", "lib64", "lib32", "sbin", "opt"):
-        src = Path("/") / top
-        if src.is_symlink():
-            argv += ["--symlink", os.readlink(src), str(src)]
-        elif src.is_dir():
-            argv += ["--ro-bind", str(src), str(src)]
-    for name in _ETC_FILES:
-        if (Path("/etc") / name).exists():
-            argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    for path, target in toolchain_tops():
+        argv += ["--symlink", target, path] if target else ["--ro-bind", path, path]
+    for path in etc_files():
+        argv += ["--ro-bind", path, path]
     identity_files(state_dir)
     argv += ["--ro-bind", str(state_dir / "passwd"), "/etc/passwd", "--ro-bind", str(state_dir / "group"), "/etc/group"]
     # The private /tmp first: binds below may live under /tmp (a venv in a checkout under /tmp, as
     # in CI), and a tmpfs mounted after them would hide them.
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home"]
-    for prefix in sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}):
-        if prefix != "/usr" and not prefix.startswith(("/usr/", "/opt/")):
-            argv += ["--ro-bind", prefix, prefix]
+    for prefix in python_prefixes():
+        argv += ["--ro-bind", prefix, prefix]
     for extra in extra_ro_binds:
         argv += ["--ro-bind", extra, extra]
     return argv

@@ -336,8 +336,34 @@ OPS = {
 }
 
 
+def _run_as_init() -> None:
+    """Be the pid namespace's init (pid 1 of a container): the server goes on in a child, and this
+    process reaps every orphan and exits when the server does (its exit ends the namespace).
+
+    Without this the server itself would be pid 1: the kernel ignores signals an agent sends to
+    pid 1, so a killed server could not be restarted like anywhere else, and nobody would reap
+    double-forked processes, whose zombies would fill the sandbox's process limit.
+    """
+    server = os.fork()
+    if server == 0:
+        return
+    os.close(0)  # the server's channel is the server's alone
+    os.close(1)
+    while True:
+        pid, status = os.wait()
+        if pid == server:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(code if code >= 0 else 128 - code)
+
+
 def main() -> None:
+    if os.getpid() == 1:
+        _run_as_init()
     os.makedirs(STATE, exist_ok=True)
+    try:  # a sandbox whose /tmp is a fresh tmpfs has no home yet
+        os.makedirs(os.environ.get("HOME") or "/tmp/home", exist_ok=True)
+    except OSError:
+        pass
     out = sys.stdout
     for line in sys.stdin:
         req: dict = {}
