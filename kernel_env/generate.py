@@ -1,0 +1,492 @@
+"""`kernel-env generate`: the seed orchestrator's refine loop against an OpenAI-compatible server.
+
+::
+
+    tasks = select_tasks(kernelbench=Path("KernelBench"), kernelbench_samples=100)
+    with TraceStore(Path("reasoning_traces.json")) as store:
+        summary = asyncio.run(generate(tasks, GenerateConfig(multi_turn=True), store))
+
+A passive FIFO queue (``RefineQueue``: add, pop, should_stop, build_feedback,
+requeue_with_feedback, finalize) holds one item per sample, ``{sample_key, sample,
+pytorch_code, messages, turn_num, turns_history}``. The orchestrator works in rounds: it pops up
+to ``batch_size`` items, asks the model for all of them at once (``AsyncOpenAI``), then evaluates
+every answer (each sample has its own ``KernelRefineEnv``, stepped in a thread), then puts each
+item back at the end of the line with its feedback, or finalises it into a trace. Without
+``multi_turn`` every sample gets exactly one generation.
+
+Only ``max_active`` samples are in the line at once (each holds a workspace and a sandbox); a
+new sample joins at the back when one finishes. A model call that fails (HTTP error, timeout)
+drops its sample from this run without a trace, so a rerun tries it again; a server that cannot
+be reached at all ends the run (``ServerUnreachable``).
+
+Durability: every finished trace is appended to a journal beside the output
+(``<output>.journal.jsonl``, flushed and fsynced) before anything else happens, and folded into
+the output's JSON list (rewritten atomically) every ``fold_every`` traces and when the run ends
+or is interrupted. A rerun with the same output folds any journal left by a crash, then skips
+every sample whose ``sample_key`` is already there. This module never deletes a finished trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import tempfile
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from kernel_env.envs.refine import (KernelRefineEnv, StopReason, TurnResult, build_feedback, build_messages,
+                                    build_trace, sample_of, should_stop)
+from kernel_env.episode import EpisodeError, check_device, default_device
+from kernel_env.evaluators.records import EvalSettings
+from kernel_env.languages import get_language
+from kernel_env.pool import GpuPool, shared_pool
+from kernel_env.sandbox import SandboxError
+from kernel_env.tasks import Task, TaskError, load_jsonl, load_kernelbench, load_tasks
+
+DEFAULT_BASE_URL = "http://localhost:8000/v1"
+DEFAULT_OUTPUT = "reasoning_traces.json"
+
+
+class GenerateError(RuntimeError):
+    """The run cannot go on here (the message says why and what to do): a usage or environment error."""
+
+
+class ServerUnreachable(GenerateError):
+    """The model server does not answer at its address."""
+
+
+class NoChoices(openai.OpenAIError):
+    """The server answered a chat completion without any choice."""
+
+
+# ============================================================================ the queue
+
+
+@dataclass
+class QueueItem:
+    """One sample on its way through the refine loop (the seed's queue item)."""
+
+    sample_key: str
+    sample: dict[str, Any]
+    pytorch_code: str
+    messages: list[dict[str, Any]]
+    turn_num: int = 1
+    turns_history: list[dict[str, Any]] = field(default_factory=list)
+    task: Task | None = field(default=None, repr=False)
+    env: KernelRefineEnv | None = field(default=None, repr=False)
+
+    @classmethod
+    def for_task(cls, task: Task, language: str = "triton", *, max_turns: int = 1) -> QueueItem:
+        return cls(sample_key=task.id, sample=sample_of(task), pytorch_code=task.code,
+                   messages=build_messages(task, language, max_turns=max_turns), task=task)
+
+
+class RefineQueue:
+    """A passive FIFO of QueueItems: it keeps the line, counts turns, words feedback and builds
+    traces. It calls no model and evaluates nothing; the orchestrator does."""
+
+    def __init__(self, max_turns: int = 4, *, language: str = "triton"):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        self.max_turns = max_turns
+        self.language = get_language(language)
+        self.items: deque[QueueItem] = deque()
+        self.completed: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, item: QueueItem) -> None:
+        """Put an item at the back of the line."""
+        self.items.append(item)
+
+    def pop(self) -> QueueItem | None:
+        """The item at the front of the line, or None when the line is empty."""
+        return self.items.popleft() if self.items else None
+
+    def should_stop(self, turn_num: int, result: TurnResult | dict) -> tuple[bool, str]:
+        """(stop, reason): ``success_fast``, ``max_turns_reached`` or ``continue`` (the env's rule)."""
+        return should_stop(turn_num, self.max_turns, result)
+
+    def build_feedback(self, result: TurnResult | dict) -> str:
+        """The feedback text for a result (the env's wording)."""
+        return build_feedback(result, self.language.code_tag)
+
+    def requeue_with_feedback(self, item: QueueItem, feedback: str, completion: str) -> None:
+        """Add the answer and its feedback to the conversation; the item goes to the back of the line."""
+        item.messages.append({"role": "assistant", "content": completion})
+        item.messages.append({"role": "user", "content": feedback})
+        item.turn_num += 1
+        self.items.append(item)
+
+    def finalize(self, item: QueueItem, reason: StopReason) -> dict[str, Any]:
+        """The item's trace (seed format), with the final answer closing ``full_messages``."""
+        if item.turns_history:
+            item.messages.append({"role": "assistant", "content": item.turns_history[-1]["full_completion"]})
+        trace = build_trace(sample_key=item.sample_key, sample=item.sample, pytorch_code=item.pytorch_code,
+                            turns=item.turns_history, messages=item.messages, stop_reason=reason,
+                            language=self.language.name).model_dump(mode="json")
+        self.completed.append(trace)
+        return trace
+
+
+# ============================================================================ the output
+
+
+class TraceStore:
+    """The output: a JSON list of traces, and a journal of the traces finished since it was written.
+
+    ``add`` makes a trace durable (journal line, fsync) before it returns; ``fold`` rewrites the
+    JSON list atomically with everything, then drops the journal. Opening folds a journal a
+    crashed run left behind."""
+
+    def __init__(self, path: str | Path, *, fold_every: int = 50):
+        self.path = Path(path)
+        self.journal = self.path.with_name(self.path.name + ".journal.jsonl")
+        self.fold_every = fold_every
+        self.traces: dict[str, dict[str, Any]] = {}
+        self._unfolded = 0
+
+    def __enter__(self) -> TraceStore:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.fold()
+
+    def open(self) -> TraceStore:
+        """Read the output and any journal; raises GenerateError if the output is not a trace list."""
+        if self.path.exists():
+            try:
+                existing = json.loads(self.path.read_text() or "[]")
+            except (OSError, ValueError) as exc:
+                raise GenerateError(f"output {self.path}: cannot read it as JSON ({exc}); move it away or pass "
+                                    f"another --output") from None
+            if not isinstance(existing, list) or not all(isinstance(t, dict) and "sample_key" in t for t in existing):
+                raise GenerateError(f"output {self.path}: not a list of traces (each with a sample_key); move it away "
+                                    f"or pass another --output")
+            for trace in existing:
+                self.traces[trace["sample_key"]] = trace
+        if self.journal.exists():
+            for line in self.journal.read_text().splitlines():
+                try:
+                    trace = json.loads(line)
+                except ValueError:
+                    continue  # the torn last line of a crash: that trace was not finished
+                if isinstance(trace, dict) and "sample_key" in trace:
+                    self.traces[trace["sample_key"]] = trace
+                    self._unfolded += 1
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self._unfolded or not self.path.exists():
+            self.fold()
+        return self
+
+    @property
+    def finished(self) -> set[str]:
+        return set(self.traces)
+
+    def add(self, trace: dict[str, Any]) -> None:
+        """Keep a finished trace: on disk (journal, fsynced) before this returns."""
+        with self.journal.open("a") as handle:
+            handle.write(json.dumps(trace, default=str) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.traces[trace["sample_key"]] = trace
+        self._unfolded += 1
+        if self._unfolded >= self.fold_every:
+            self.fold()
+
+    def fold(self) -> None:
+        """Rewrite the output with every trace (temp file, fsync, rename), then drop the journal."""
+        descriptor, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            with os.fdopen(descriptor, "w") as handle:
+                json.dump(list(self.traces.values()), handle, indent=2, default=str)
+                handle.write("\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, self.path)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+        self.journal.unlink(missing_ok=True)
+        self._unfolded = 0
+
+
+# ============================================================================ sources
+
+
+def select_tasks(*, kernelbench: str | Path | None = None, kernelbook: str | Path | None = None,
+                 tasks: str | Path | None = None, kernelbench_samples: int = 1000, kernelbook_samples: int = 1500,
+                 seed: int = 0) -> list[Task]:
+    """The samples of a run, from local files: KernelBook records (a JSONL file, at most
+    ``kernelbook_samples``), a KernelBench checkout (at most ``kernelbench_samples``), and any
+    ``load_tasks`` spec (all of it). A capped source gives a random sample (``seed``), in source
+    order. Raises TaskError for a source that cannot be read."""
+    selected: list[Task] = []
+    if kernelbook is not None:
+        path = Path(kernelbook)
+        if not path.is_file():
+            raise TaskError(f"task source {path}: --kernelbook takes a JSONL file of KernelBook records")
+        selected += _sample(load_jsonl(path, source="kernelbook"), kernelbook_samples, seed)
+    if kernelbench is not None:
+        selected += _sample(load_kernelbench(kernelbench), kernelbench_samples, seed)
+    if tasks is not None:
+        selected += load_tasks(tasks)
+    unique: dict[str, Task] = {}
+    for task in selected:
+        unique.setdefault(task.id, task)
+    return list(unique.values())
+
+
+def _sample(found: list[Task], count: int, seed: int) -> list[Task]:
+    if count >= len(found):
+        return found
+    chosen = set(random.Random(seed).sample(range(len(found)), count))
+    return [task for index, task in enumerate(found) if index in chosen]
+
+
+# ============================================================================ the orchestrator
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """How to run: the server, the loop, and where answers are evaluated.
+
+    ``model`` None takes the server's only model. ``max_active`` bounds the samples in the line
+    at once (default 4 × ``batch_size``). ``settings`` and ``pool`` (a GpuPool, or a kind: "local",
+    "ray") go to every KernelRefineEnv."""
+
+    base_url: str = DEFAULT_BASE_URL
+    model: str | None = None
+    api_key: str = "EMPTY"
+    multi_turn: bool = False
+    max_turns: int = 4
+    batch_size: int = 10
+    max_active: int | None = None
+    language: str = "triton"
+    device: str | None = None
+    sandbox: str = "local"
+    temperature: float | None = 0.7
+    max_tokens: int | None = None
+    request_timeout: float = 900.0
+    settings: EvalSettings | None = None
+    pool: GpuPool | str | None = None
+
+    @property
+    def turns(self) -> int:
+        """Answers per sample at most: ``max_turns`` with ``multi_turn``, else one."""
+        return self.max_turns if self.multi_turn else 1
+
+    @property
+    def active_limit(self) -> int:
+        return self.max_active or 4 * self.batch_size
+
+
+@dataclass
+class GenerateSummary:
+    """What a run did. ``failed`` maps samples that ended without a trace to why (a rerun retries them)."""
+
+    model: str = ""
+    selected: int = 0
+    skipped: int = 0
+    written: int = 0
+    success_fast: int = 0
+    max_turns_reached: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def to_do(self) -> int:
+        return self.selected - self.skipped
+
+
+#: Called after every finished or failed sample: (summary so far, samples in the line, event text).
+ProgressCallback = Callable[[GenerateSummary, int, str], None]
+
+
+async def generate(tasks: Iterable[Task], config: GenerateConfig, store: TraceStore, *,
+                   on_progress: ProgressCallback | None = None) -> GenerateSummary:
+    """Run the refine loop over ``tasks`` (skipping those finished in ``store``); returns the summary.
+
+    Raises ServerUnreachable when the server does not answer (before the first sample, or in the
+    middle of the run), GenerateError when samples cannot be set up here (no sandbox, a bad
+    device). On any exit, interruption included, every live workspace is closed and the store folded."""
+    tasks = list(tasks)
+    language = get_language(config.language)
+    try:
+        check_device(language, config.device or default_device())
+    except EpisodeError as exc:
+        raise GenerateError(str(exc)) from None
+    summary = GenerateSummary(selected=len(tasks))
+    todo = deque(task for task in tasks if task.id not in store.finished)
+    summary.skipped = len(tasks) - len(todo)
+    client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, timeout=config.request_timeout,
+                                max_retries=2)
+    try:
+        summary.model = await _choose_model(client, config)
+        if todo:
+            await _Run(_with_pool(config), client, store, summary, on_progress).run(todo)
+    finally:
+        await client.close()
+    return summary
+
+
+def _with_pool(config: GenerateConfig) -> GenerateConfig:
+    """The config with its pool kind ("local", "ray") replaced by this process's shared pool of that kind."""
+    if not isinstance(config.pool, str):
+        return config
+    try:
+        return dataclasses.replace(config, pool=shared_pool(config.pool))
+    except (ImportError, ValueError, RuntimeError, OSError) as exc:
+        raise GenerateError(f"cannot use the {config.pool!r} evaluation pool: {type(exc).__name__}: {exc}") from None
+
+
+async def _choose_model(client: openai.AsyncOpenAI, config: GenerateConfig) -> str:
+    """Check that the server answers; the model to ask (``config.model``, or the server's only one)."""
+    try:
+        listed = await client.with_options(timeout=15.0, max_retries=0).models.list()
+    except openai.APIConnectionError as exc:
+        raise ServerUnreachable(f"cannot reach the model server at {config.base_url} ({_why(exc)}); start it "
+                                f"(for example `vllm serve MODEL`) or point --base-url at it") from None
+    except openai.APIStatusError as exc:
+        if config.model:
+            return config.model  # a server without /models can still answer chat completions
+        raise GenerateError(f"the model server at {config.base_url} did not list its models (HTTP {exc.status_code}); "
+                            f"name the model with --model") from None
+    names = [model.id for model in listed.data]
+    if config.model:
+        return config.model
+    if len(names) != 1:
+        raise GenerateError(f"the model server at {config.base_url} serves {len(names)} models"
+                            f"{' (' + ', '.join(names[:10]) + ')' if names else ''}; choose one with --model")
+    return names[0]
+
+
+def _why(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    return f"{exc}: {cause}" if cause is not None and str(cause) else str(exc)
+
+
+class _Run:
+    """One run of the orchestrator: the line, the live environments, the store."""
+
+    def __init__(self, config: GenerateConfig, client: openai.AsyncOpenAI, store: TraceStore, summary: GenerateSummary,
+                 on_progress: ProgressCallback | None):
+        self.config, self.client, self.store, self.summary = config, client, store, summary
+        self.on_progress = on_progress
+        self.queue = RefineQueue(config.turns, language=config.language)
+        self.live: list[QueueItem] = []
+
+    async def run(self, todo: deque[Task]) -> None:
+        try:
+            while todo or self.queue:
+                self._admit(todo)
+                batch = [self.queue.pop() for _ in range(min(self.config.batch_size, len(self.queue)))]
+                await self._round(batch)
+        finally:
+            for item in self.live:
+                _close(item)
+            self.live.clear()
+            self.store.fold()
+
+    def _admit(self, todo: deque[Task]) -> None:
+        """New samples join at the back of the line while fewer than ``active_limit`` are in it."""
+        while todo and len(self.live) < self.config.active_limit:
+            item = QueueItem.for_task(todo.popleft(), self.config.language, max_turns=self.config.turns)
+            self.queue.add(item)
+            self.live.append(item)
+
+    async def _round(self, batch: list[QueueItem]) -> None:
+        """Generate for every item of the batch at once, then evaluate every answer, then route each item."""
+        opened = await asyncio.gather(*(self._open(item) for item in batch if item.env is None), return_exceptions=True)
+        for problem in opened:
+            if problem is not None:
+                raise problem
+        replies = await asyncio.gather(*(self._ask(item) for item in batch), return_exceptions=True)
+        unreachable = next((r for r in replies if isinstance(r, openai.APIConnectionError)
+                            and not isinstance(r, openai.APITimeoutError)), None)
+        if unreachable is not None:
+            raise ServerUnreachable(f"the model server at {self.config.base_url} stopped answering "
+                                    f"({_why(unreachable)}); finished traces are kept: rerun to resume")
+        for reply in replies:
+            if isinstance(reply, BaseException) and not isinstance(reply, openai.OpenAIError):
+                raise reply
+        answered = [(item, reply) for item, reply in zip(batch, replies) if not isinstance(reply, BaseException)]
+        steps = await asyncio.gather(*(item.env.astep(reply) for item, reply in answered))
+        outcomes = dict(zip((id(item) for item, _ in answered), steps))
+        for item, reply in zip(batch, replies):
+            if isinstance(reply, BaseException):
+                self._drop(item, f"the model call failed: {type(reply).__name__}: {reply}")
+            else:
+                self._route(item, outcomes[id(item)])
+
+    async def _open(self, item: QueueItem) -> Exception | None:
+        """Give the item its environment (a fresh workspace and sandbox). Returns, not raises, what went
+        wrong, so that every environment of the batch is either handed to its item or never opened."""
+        env = KernelRefineEnv(item.task, language=self.config.language, device=self.config.device,
+                              sandbox=self.config.sandbox, pool=self.config.pool, max_turns=self.config.turns,
+                              settings=self.config.settings)
+        try:
+            _, info = await env.areset()
+        except (SandboxError, EpisodeError, OSError) as exc:
+            return GenerateError(f"task {item.sample_key}: cannot set up its workspace and sandbox: {exc}")
+        item.env = env
+        if info["messages"] != item.messages:
+            return RuntimeError(f"task {item.sample_key}: the environment's prompt differs from the queue's")
+        return None
+
+    async def _ask(self, item: QueueItem) -> Any:
+        options: dict[str, Any] = {"model": self.summary.model, "messages": item.messages}
+        if self.config.temperature is not None:
+            options["temperature"] = self.config.temperature
+        if self.config.max_tokens is not None:
+            options["max_tokens"] = self.config.max_tokens
+        response = await self.client.chat.completions.create(**options)
+        if not response.choices:
+            raise NoChoices("the server answered with no choices")
+        return response.choices[0].message
+
+    def _route(self, item: QueueItem, step: tuple) -> None:
+        """Record the turn; finalise the item (trace to the store) or put it back in line with its feedback."""
+        feedback, _, terminated, truncated, info = step
+        turn = info["turn_record"]
+        item.turns_history.append(turn)
+        stop, reason = self.queue.should_stop(item.turn_num, turn["result"])
+        if stop != (terminated or truncated):
+            raise RuntimeError(f"task {item.sample_key}: the queue and the environment disagree on stopping at turn "
+                               f"{item.turn_num}")
+        if not stop:
+            self.queue.requeue_with_feedback(item, feedback, turn["full_completion"])
+            return
+        trace = self.queue.finalize(item, reason)
+        self.store.add(trace)
+        self.summary.written += 1
+        if reason == "success_fast":
+            self.summary.success_fast += 1
+        else:
+            self.summary.max_turns_reached += 1
+        self._finish(item, f"{item.sample_key}: {reason} after {item.turn_num} turn(s), "
+                           f"speed-up {turn['result']['speedup']:.2f}x")
+
+    def _drop(self, item: QueueItem, why: str) -> None:
+        self.summary.failed[item.sample_key] = why
+        self._finish(item, f"{item.sample_key}: dropped ({why})")
+
+    def _finish(self, item: QueueItem, event: str) -> None:
+        _close(item)
+        self.live.remove(item)
+        if self.on_progress is not None:
+            self.on_progress(self.summary, len(self.queue), event)
+
+
+def _close(item: QueueItem) -> None:
+    if item.env is not None:
+        item.env.close()
+        item.env = None
