@@ -160,7 +160,8 @@ class _Evaluation:
     def baseline_times(self, child: Child, setup: dict) -> tuple[Timing, Timing | None]:
         key = self.baselines.key(self.job.task_code, setup["device_name"], setup["torch"])
         cached = self.baselines.get(key)
-        if cached:
+        # An entry measured without the compile baseline does not serve a job that wants one.
+        if cached and (cached[1] is not None or not self.s.compile_baseline):
             return cached
         timings = []
         for target in ("eager", "compile") if self.s.compile_baseline else ("eager",):

@@ -178,11 +178,10 @@ def run_solution(task: Task, solution: str | Path, *, language: str = "cuda", de
 def _read_sources(snapshot: Path) -> dict[str, bytes] | None:
     """model_new.py and kernels/** of a broker snapshot (plain files the broker copied); None when
     there are none or they are too large to keep."""
-    files = [snapshot / "model_new.py", *sorted((snapshot / "kernels").rglob("*"))]
-    sources = {str(f.relative_to(snapshot)): f.read_bytes() for f in files if f.is_file() and not f.is_symlink()}
-    if not sources or sum(map(len, sources.values())) > _MAX_KEPT_SOURCE_BYTES:
+    files = [f for f in [snapshot / "model_new.py", *sorted((snapshot / "kernels").rglob("*"))] if f.is_file() and not f.is_symlink()]
+    if not files or sum(f.stat().st_size for f in files) > _MAX_KEPT_SOURCE_BYTES:
         return None
-    return sources
+    return {str(f.relative_to(snapshot)): f.read_bytes() for f in files}
 
 
 def _read_workspace_sources(sandbox: Sandbox) -> dict[str, bytes]:
