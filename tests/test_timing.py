@@ -95,3 +95,17 @@ def test_baselines_are_measured_once_and_cached(tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 1
     second = measure_baselines("t", code, device="cpu", baselines=cache, settings=settings)
     assert second.eager == first.eager  # read back from the cache, not measured again
+
+
+def test_a_cached_baseline_without_compile_is_remeasured_for_a_job_that_wants_compile(tmp_path):
+    from kernel_env.evaluators.baselines import BaselineCache
+    from kernel_env.evaluators.harness import measure_baselines
+    from kernel_env.evaluators.records import EvalSettings
+
+    code = ("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
+            "def get_inputs():\n    return [torch.randn(1024)]\ndef get_init_inputs():\n    return []\n")
+    cache = BaselineCache(tmp_path)
+    eager_only = measure_baselines("t", code, device="cpu", baselines=cache, settings=EvalSettings(compile_baseline=False, timed_calls=3))
+    assert eager_only.compile_ms is None
+    both = measure_baselines("t", code, device="cpu", baselines=cache, settings=EvalSettings(timed_calls=3))
+    assert both.error is None and both.compile_ms and both.compile_ms > 0
