@@ -87,7 +87,8 @@ class KernelAgentEnv(gymnasium.Env):
                   ``reset(options={"task": ...})`` switches task
     language      cuda | cpp | triton (default: cuda where there is a GPU, else cpp)
     device        where the trusted harness runs: cuda | cpu (default: cuda where there is a GPU)
-    sandbox       sandbox backend ("local")
+    sandbox       sandbox backend: "local" (bubblewrap) or "docker"; ``sandbox_options`` go to its
+                  constructor (e.g. ``{"image": "kernel-env-sandbox:cuda"}`` for docker)
     pool          a GpuPool, or a pool kind ("local", "ray") for this process's shared pool of that kind;
                   default: the shared local pool
     max_turns     steps before the episode is truncated (the paper: 150 training, 200 evaluation)
@@ -102,7 +103,8 @@ class KernelAgentEnv(gymnasium.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, task: Task | str | None = None, *, language: str | None = None, device: str | None = None,
-                 sandbox: str = "local", pool: GpuPool | str | None = None, max_turns: int = 150,
+                 sandbox: str = "local", sandbox_options: dict[str, Any] | None = None,
+                 pool: GpuPool | str | None = None, max_turns: int = 150,
                  selection: Selection = "best", shaping: Literal["milestones"] | None = None,
                  reward_kind: str = "milestone", settings: EvalSettings | None = None,
                  tools: list[str] | None = None, max_output_chars: int = 30_000, kernelbench_root: str | None = None):
@@ -119,7 +121,7 @@ class KernelAgentEnv(gymnasium.Env):
         self.task = self._task(task) if task is not None else None
         self.device = device or default_device()
         self.language = language or ("cuda" if self.device == "cuda" else "cpp")
-        self.sandbox_kind = sandbox
+        self.sandbox_kind, self.sandbox_options = sandbox, sandbox_options
         self.pool = shared_pool(pool) if isinstance(pool, str) else pool
         self.max_turns, self.selection, self.shaping = max_turns, selection, shaping
         self.settings = settings
@@ -154,7 +156,7 @@ class KernelAgentEnv(gymnasium.Env):
         self._close_episode()
         self._reset_state()
         self.episode = Episode.open(self.task, language=self.language, device=self.device, sandbox=self.sandbox_kind,
-                                    pool=self.pool, settings=self.settings)
+                                    pool=self.pool, settings=self.settings, sandbox_options=self.sandbox_options)
         self.toolbox = ToolBox(self.episode.sandbox, self.tool_names, max_output_chars=self.max_output_chars)
         info = {
             "task_id": self.task.id, "language": self.language, "device": self.device,
