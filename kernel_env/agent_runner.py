@@ -1,0 +1,439 @@
+"""Runs KernelAgent-v0 episodes with a tool-calling model behind an OpenAI-compatible server
+(vLLM, SGLang, OpenAI), many at once, and writes one JSONL record per finished episode.
+
+::
+
+    config = AgentRunConfig(base_url="http://localhost:8000/v1", language="cuda", concurrency=32)
+    summary = asyncio.run(run_agent_eval(tasks, config, Path("run.jsonl")))
+    metrics = compute_metrics(read_records("run.jsonl"))
+
+One episode is a ReAct conversation in OpenAI format: a system prompt, the environment's task
+prompt as the first user message, then per turn the model's assistant message (its
+``tool_calls``) and one ``tool`` message per call (the tool's output, under the call's
+``tool_call_id``). The whole reply is one environment step, so every call of a turn runs in order.
+A reply without a tool call is stepped as text too (the environment answers it as an invalid
+call, and the turn counts); the model then gets that answer and a short nudge as a user message.
+
+Records (``kernel_env.metrics.EpisodeRecord``) hold what RFT/SFT needs: ``messages`` (exactly
+what the model saw and said, plus vLLM's ``reasoning_content``), ``tools`` (the function
+schemas), every evaluation, the final one, ``reward``, ``invalid_calls`` and ``stop``
+("finished": the model called Finish; "turn_limit"; "error"). Rejection fine-tuning keeps
+``reward > 0 and invalid_calls == 0``.
+
+Failure: a model call that fails (HTTP 5xx, timeout, a dropped connection) is retried
+``model_retries`` times with backoff; then the episode is recorded with ``stop="error"`` and the
+run goes on; any other failure inside an episode is recorded the same way. A server that cannot
+be reached at all ends the run (``ServerUnreachable``), before the first episode or when an
+episode's retries end on a refused connection; finished records stay. Every record is appended
+and flushed as its episode ends, and a rerun with the same output skips every task that already
+has a non-error record, so an interrupted or partly failed run is resumed by running it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from kernel_env.envs.agent import KernelAgentEnv
+from kernel_env.episode import EpisodeError, Selection, check_device, default_device
+from kernel_env.evaluators.records import EvalSettings
+from kernel_env.languages import get_language
+from kernel_env.metrics import EpisodeRecord, RecordError, read_records
+from kernel_env.pool import GpuPool
+from kernel_env.tasks import Task
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "http://localhost:8000/v1"
+#: The paper's evaluation budget (training uses 150).
+DEFAULT_MAX_TURNS = 200
+
+SYSTEM_PROMPT = """\
+You are an expert GPU kernel engineer working in a sandboxed workspace through tools. Your goal is \
+a ModelNew that is correct and faster than both PyTorch eager and torch.compile.
+
+Work step by step: read SKILL.md and the reference, write kernels and model_new.py, build, verify \
+and profile with the workspace's scripts, and iterate. Act only through tool calls; you may make \
+several in one reply, and they run in order. When kernels/ and model_new.py hold your final \
+solution, call Finish: it is then rebuilt and evaluated by the trusted harness, and that \
+evaluation is your result."""
+
+NUDGE = ("Your reply had no tool call, so nothing was done (the environment's answer is above). Act through "
+         "the tool-calling interface: call a tool (Bash, Read, Write, Edit, ...), or Finish when kernels/ and "
+         "model_new.py hold your final solution.")
+
+
+class EvalRunError(RuntimeError):
+    """The run cannot go on here (the message says why and what to do): a usage or environment error."""
+
+
+class ServerUnreachable(EvalRunError):
+    """The model server does not answer at its address."""
+
+
+class NoChoices(openai.OpenAIError):
+    """The server answered a chat completion without any choice."""
+
+
+class ModelCallFailed(RuntimeError):
+    """A model call failed after its retries; ``unreachable`` when the last try could not connect."""
+
+    def __init__(self, message: str, *, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+# ============================================================================ configuration
+
+
+@dataclass(frozen=True)
+class AgentRunConfig:
+    """How to run: the server and model, the environment, the concurrency.
+
+    ``model`` None takes the server's only model. ``concurrency`` bounds the episodes in flight
+    (each holds a workspace, a sandbox and a conversation). ``model_retries`` extra tries per
+    model call, waiting ``retry_delay_s`` × 2^try between them. ``settings`` and ``pool`` go to
+    every environment (None: the protocol's defaults, the process's shared local pool)."""
+
+    base_url: str = DEFAULT_BASE_URL
+    model: str | None = None
+    api_key: str = "EMPTY"
+    language: str = "cuda"
+    device: str | None = None
+    sandbox: str = "local"
+    max_turns: int = DEFAULT_MAX_TURNS
+    selection: Selection = "best"
+    concurrency: int = 8
+    temperature: float | None = None
+    max_tokens: int | None = None
+    request_timeout: float = 900.0
+    model_retries: int = 3
+    retry_delay_s: float = 2.0
+    system_prompt: str = SYSTEM_PROMPT
+    settings: EvalSettings | None = None
+    pool: GpuPool | str | None = None
+
+
+@dataclass
+class RunSummary:
+    """What a run did. ``errors`` maps tasks whose episode ended in error to why (a rerun retries them)."""
+
+    model: str = ""
+    selected: int = 0
+    skipped: int = 0
+    finished: int = 0
+    turn_limit: int = 0
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def to_do(self) -> int:
+        return self.selected - self.skipped
+
+    @property
+    def written(self) -> int:
+        return self.finished + self.turn_limit + len(self.errors)
+
+
+#: Called after every episode's record is written: (the record, the summary so far).
+ProgressCallback = Callable[[EpisodeRecord, RunSummary], None]
+
+
+# ============================================================================ the output
+
+
+class RunFile:
+    """A run's JSONL output: one episode record per line, appended and flushed as episodes end.
+
+    ``open`` reads what is there (raising RecordError for a file that is not a run file) and cuts a
+    torn last line (a record half-written when a run was killed: its episode did not finish)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.records: list[EpisodeRecord] = []
+
+    def open(self) -> RunFile:
+        if self.path.exists():
+            self._cut_torn_tail()
+            self.records = read_records(self.path)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.touch()
+        return self
+
+    @property
+    def done(self) -> set[str]:
+        """Tasks with a record that did not end in error: a rerun skips them."""
+        return {record.task_id for record in self.records if record.stop != "error"}
+
+    def append(self, record: EpisodeRecord) -> None:
+        """Write one record as a line; on disk (flushed, fsynced) when this returns."""
+        with self.path.open("a") as handle:
+            handle.write(record.model_dump_json() + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.records.append(record)
+
+    def _cut_torn_tail(self) -> None:
+        data = self.path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return
+        start = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[start:])
+        except ValueError:
+            with self.path.open("r+b") as handle:
+                handle.truncate(start)
+            log.warning("run file %s: cut a torn last line (an episode that was being written when a run stopped)",
+                        self.path)
+            return
+        with self.path.open("ab") as handle:  # a whole record without its newline: keep it, end the line
+            handle.write(b"\n")
+
+
+# ============================================================================ the run
+
+
+async def run_agent_eval(tasks: Iterable[Task], config: AgentRunConfig, output: str | Path, *,
+                         on_record: ProgressCallback | None = None) -> RunSummary:
+    """Run one KernelAgent-v0 episode per task (skipping tasks done in ``output``), ``concurrency``
+    at a time; append each record to ``output`` as it ends. Returns the summary.
+
+    Raises EvalRunError for a configuration that cannot work here (a language the device cannot
+    run, an output that is not a run file), ServerUnreachable when the server does not answer
+    (before the first episode, or when it stops answering: finished records are kept)."""
+    tasks = list(tasks)
+    if config.concurrency < 1:
+        raise EvalRunError(f"concurrency must be at least 1, got {config.concurrency}")
+    try:
+        check_device(get_language(config.language), config.device or default_device())
+    except (EpisodeError, ValueError) as exc:
+        raise EvalRunError(str(exc)) from None
+    try:
+        run_file = RunFile(output).open()
+    except RecordError as exc:
+        raise EvalRunError(f"{exc}; move it away or pass another --output") from None
+    except OSError as exc:
+        raise EvalRunError(f"output {output}: {exc.strerror or exc}") from None
+    done = run_file.done
+    todo = [task for task in tasks if task.id not in done]
+    summary = RunSummary(selected=len(tasks), skipped=len(tasks) - len(todo))
+    client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, timeout=config.request_timeout,
+                                max_retries=0)
+    try:
+        summary.model = await choose_model(client, config.base_url, config.model)
+        if todo:
+            await _Run(config, client, run_file, summary, on_record).run(todo)
+    finally:
+        await client.close()
+    return summary
+
+
+async def choose_model(client: openai.AsyncOpenAI, base_url: str, model: str | None) -> str:
+    """Check that the server answers; the model to ask (``model``, or the server's only one)."""
+    try:
+        listed = await client.with_options(timeout=15.0, max_retries=0).models.list()
+    except openai.APIConnectionError as exc:
+        raise ServerUnreachable(f"cannot reach the model server at {base_url} ({_why(exc)}); start it "
+                                f"(for example `vllm serve MODEL --enable-auto-tool-choice --tool-call-parser ...`) "
+                                f"or point --base-url at it") from None
+    except openai.APIStatusError as exc:
+        if model:
+            return model  # a server without /models can still answer chat completions
+        raise EvalRunError(f"the model server at {base_url} did not list its models (HTTP {exc.status_code}); "
+                           f"name the model with --model") from None
+    names = [entry.id for entry in listed.data]
+    if model:
+        return model
+    if len(names) != 1:
+        raise EvalRunError(f"the model server at {base_url} serves {len(names)} models"
+                           f"{' (' + ', '.join(names[:10]) + ')' if names else ''}; choose one with --model")
+    return names[0]
+
+
+class _Run:
+    """One run: the episodes in flight, the output, the summary."""
+
+    def __init__(self, config: AgentRunConfig, client: openai.AsyncOpenAI, run_file: RunFile, summary: RunSummary,
+                 on_record: ProgressCallback | None):
+        self.config, self.client, self.run_file, self.summary = config, client, run_file, summary
+        self.on_record = on_record
+        self.slots = asyncio.Semaphore(config.concurrency)
+
+    async def run(self, todo: list[Task]) -> None:
+        """Every episode, ``concurrency`` at a time. A ServerUnreachable from one cancels the others
+        (their episodes are closed and left without a record, so a rerun does them)."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                for task in todo:
+                    group.create_task(self._slot(task))
+        except* ServerUnreachable as failures:
+            raise failures.exceptions[0] from None
+
+    async def _slot(self, task: Task) -> None:
+        async with self.slots:
+            episode = Conversation(task, self.config, self.client, self.summary.model)
+            record = await episode.run()
+        self.run_file.append(record)
+        if record.stop == "error":
+            self.summary.errors[task.id] = record.error or "unknown error"
+        elif record.stop == "turn_limit":
+            self.summary.turn_limit += 1
+        else:
+            self.summary.finished += 1
+        if self.on_record is not None:
+            self.on_record(record, self.summary)
+        if episode.server_unreachable:
+            raise ServerUnreachable(f"the model server at {self.config.base_url} stopped answering ({record.error}); "
+                                    f"{len(self.run_file.records)} records are in {self.run_file.path}: rerun to resume")
+
+
+# ============================================================================ one episode
+
+
+class Conversation:
+    """One episode: the conversation between the model and a KernelAgent-v0 environment, ending in a record."""
+
+    def __init__(self, task: Task, config: AgentRunConfig, client: openai.AsyncOpenAI, model: str):
+        self.task, self.config, self.client, self.model = task, config, client, model
+        self.messages: list[dict[str, Any]] = []
+        self.tools: list[dict[str, Any]] = []
+        self.info: dict[str, Any] = {}
+        self.device = config.device or default_device()
+        self.reward = 0.0
+        self.tool_calls = 0
+        self.server_unreachable = False
+        self.started = time.monotonic()
+
+    async def run(self) -> EpisodeRecord:
+        """Play the episode to its end; never raises but for cancellation (a failure is a record)."""
+        env: KernelAgentEnv | None = None
+        try:
+            env = KernelAgentEnv(self.task, language=self.config.language, device=self.config.device,
+                                 sandbox=self.config.sandbox, pool=self.config.pool, max_turns=self.config.max_turns,
+                                 selection=self.config.selection, settings=self.config.settings)
+            stop = await self._play(env)
+            return self._record(stop)
+        except asyncio.CancelledError:
+            if env is not None:
+                env.close()
+            env = None
+            raise
+        except ModelCallFailed as exc:
+            self.server_unreachable = exc.unreachable
+            return self._record("error", str(exc))
+        except Exception as exc:  # noqa: BLE001 - one broken episode must not end a long run; the record says why
+            log.exception("task %s: the episode failed", self.task.id)
+            return self._record("error", f"the episode failed: {type(exc).__name__}: {exc}")
+        finally:
+            if env is not None:
+                await asyncio.to_thread(env.close)
+
+    async def _play(self, env: KernelAgentEnv) -> str:
+        prompt, self.info = await env.areset()
+        self.tools, self.device = self.info["tools"], self.info["device"]
+        self.messages = [{"role": "system", "content": self.config.system_prompt}, {"role": "user", "content": prompt}]
+        while True:
+            reply = await self._ask()
+            self.messages.append(reply)
+            calls = reply.get("tool_calls") or []
+            self.tool_calls += max(1, len(calls))
+            observation, reward, terminated, truncated, self.info = await env.astep(calls or (reply.get("content") or ""))
+            self.reward += reward
+            if calls:
+                self.messages += tool_messages(calls, self.info["tool_results"])
+            else:
+                self.messages.append({"role": "user", "content": f"{observation}\n\n{NUDGE}"})
+            if terminated or truncated:
+                return "finished" if terminated else "turn_limit"
+
+    async def _ask(self) -> dict[str, Any]:
+        """The model's next assistant message (as a dict for ``messages``), with retries."""
+        options: dict[str, Any] = {"model": self.model, "messages": [request_message(m) for m in self.messages],
+                                   "tools": self.tools}
+        if self.config.temperature is not None:
+            options["temperature"] = self.config.temperature
+        if self.config.max_tokens is not None:
+            options["max_tokens"] = self.config.max_tokens
+        tries = 1 + self.config.model_retries
+        for attempt in range(tries):
+            try:
+                response = await self.client.chat.completions.create(**options)
+                if not response.choices:
+                    raise NoChoices("the server answered with no choices")
+                return assistant_message(response.choices[0].message, turn=len(self.messages))
+            except openai.APIStatusError as exc:
+                if exc.status_code < 500 and exc.status_code not in (408, 409, 429):
+                    raise ModelCallFailed(f"model call failed (HTTP {exc.status_code}, not retried): {_why(exc)}") from None
+                last: Exception = exc
+            except (openai.APIConnectionError, NoChoices) as exc:
+                last = exc
+            if attempt + 1 < tries:
+                await asyncio.sleep(self.config.retry_delay_s * 2 ** attempt)
+        unreachable = isinstance(last, openai.APIConnectionError) and not isinstance(last, openai.APITimeoutError)
+        raise ModelCallFailed(f"model call failed after {tries} tries: {type(last).__name__}: {_why(last)}",
+                              unreachable=unreachable)
+
+    def _record(self, stop: str, error: str | None = None) -> EpisodeRecord:
+        final = self.info.get("final") if stop != "error" else None
+        return EpisodeRecord(
+            task_id=self.task.id, source=self.task.source, level=self.task.level, name=self.task.name,
+            language=self.config.language, device=self.device,
+            model=self.model, stop=stop, error=error, final=final,
+            final_report=self.info.get("final_report") if final else None,
+            reward=self.reward if final is not None else None, turns=self.info.get("turn", 0),
+            max_turns=self.config.max_turns, tool_calls=self.tool_calls, invalid_calls=self.info.get("invalid_calls", 0),
+            evaluations=self.info.get("evaluations", []), messages=self.messages, tools=self.tools,
+            settings=self.config.settings.model_dump() if self.config.settings else None,
+            duration_s=round(time.monotonic() - self.started, 3),
+            timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+
+
+# ============================================================================ messages
+
+
+def assistant_message(message: Any, *, turn: int) -> dict[str, Any]:
+    """An OpenAI ``ChatCompletionMessage`` as the dict kept in ``messages``: content, tool calls
+    (each with an id: one is made up, ``call_<turn>_<i>``, where the server gave none) and any
+    reasoning the server separated out (vLLM's ``reasoning_content``)."""
+    result: dict[str, Any] = {"role": "assistant", "content": message.content}
+    reasoning = getattr(message, "reasoning_content", None) or (message.model_extra or {}).get("reasoning_content")
+    if reasoning:
+        result["reasoning_content"] = reasoning
+    if message.tool_calls:
+        result["tool_calls"] = [
+            {"id": call.id or f"call_{turn}_{index}", "type": "function",
+             "function": {"name": call.function.name, "arguments": call.function.arguments}}
+            for index, call in enumerate(message.tool_calls)
+        ]
+    return result
+
+
+def tool_messages(calls: list[dict[str, Any]], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One ``tool`` message per call, in order, answering its id with its result's output (the
+    environment answers every call it was given, in order)."""
+    if len(results) != len(calls):
+        raise RuntimeError(f"the environment answered {len(results)} results to {len(calls)} tool calls")
+    return [{"role": "tool", "tool_call_id": call["id"], "content": result["output"]}
+            for call, result in zip(calls, results)]
+
+
+def request_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A kept message as sent back to the server: without ``reasoning_content`` (servers expect
+    earlier reasoning dropped, and some reject the field)."""
+    return {key: value for key, value in message.items() if key != "reasoning_content"}
+
+
+def _why(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    return f"{exc}: {cause}" if cause is not None and str(cause) else str(exc)

@@ -1,0 +1,272 @@
+"""Episode records and the paper's evaluation metrics over them. Pure: no sandbox, no I/O but
+``read_records``.
+
+An ``EpisodeRecord`` is one line of a ``kernel-env eval`` run file (JSONL): the conversation, every
+evaluation, the trusted final evaluation (``EvalResult.summary()``), the reward and how the
+episode stopped. ``compute_metrics`` turns records into the CUDA Agent / KernelBench figures, per
+level and overall::
+
+    records = read_records("run.jsonl")
+    metrics = compute_metrics(records)
+    metrics.overall.pass_rate, metrics.overall.geomean["compile"], metrics.overall.fast_p["eager"][1.0]
+
+What counts, and why:
+
+- Per task, one record counts: the best one (correct before incorrect, then the largest speed-up
+  vs torch.compile, then vs eager, then reward). Within an episode the environment's final
+  evaluation already is the best solution of the trajectory (``selection="best"``); this rule
+  extends that across several episodes of one task. Only the *final* (trusted, clean-rebuild)
+  evaluation is used: evaluations during an episode ran on builds the agent controlled.
+- Every figure but three is per task: a level's tasks weigh equally, and ``overall`` is over all
+  tasks, so levels weigh by their problem count (KernelBench: 100/100/50), as in the paper. The
+  episode figures (``episodes``, ``invalid_call_rate``) are over every episode of the group.
+- An episode that ended in error (the model server failed) has no final evaluation and counts as
+  a task that did not pass; ``errors`` says how many tasks that is, so a broken run is not
+  mistaken for a weak model.
+- Rates are fractions in [0, 1]. A figure that cannot be computed is None, never 0: every rate
+  of a group without tasks; geomeans with no correct solution; the vs-compile figures when
+  correct solutions exist but none has a torch.compile time (the baseline was switched off);
+  the invalid-call rate without any tool call.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+#: KernelBench's fast_p thresholds: the fraction of tasks that are correct with a speed-up above p.
+FAST_P = (0.0, 0.5, 1.0, 1.5, 2.0)
+BASELINES = ("eager", "compile")
+Baseline = Literal["eager", "compile"]
+Stop = Literal["finished", "turn_limit", "error"]
+OVERALL = "all"
+
+
+class RecordError(ValueError):
+    """A run file that cannot be read as episode records; the message names the file and line."""
+
+
+class EpisodeRecord(BaseModel):
+    """One finished episode, as ``kernel-env eval`` writes it (one JSON object per line).
+
+    ``stop``: "finished" (the model called Finish), "turn_limit", or "error" (``error`` says
+    why). ``final`` is the trusted final evaluation (``EvalResult.summary()``) and
+    ``final_report`` its text, None on error. ``reward`` is the episode's return (the final
+    milestone: -1, 1, 2, 3), None on error. ``tool_calls`` counts the calls the model made (a reply
+    without any counts as one call, which the environment answers as invalid); ``invalid_calls``
+    those the environment could not run as given. ``messages`` is the conversation in OpenAI
+    format and ``tools`` the function schemas offered (what SFT needs); ``evaluations`` every
+    trusted evaluation the agent asked for; ``settings`` the evaluation protocol if not the
+    default. Unknown keys are kept, so a record round-trips through this model unchanged.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    task_id: str
+    source: str = "file"
+    level: int | None = None
+    name: str = ""
+    language: str = ""
+    device: str = ""
+    model: str = ""
+    stop: Stop
+    error: str | None = None
+    final: dict[str, Any] | None = None
+    final_report: str | None = None
+    reward: float | None = None
+    turns: int = 0
+    max_turns: int | None = None
+    tool_calls: int = 0
+    invalid_calls: int = 0
+    evaluations: list[dict[str, Any]] = Field(default_factory=list)
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    settings: dict[str, Any] | None = None
+    duration_s: float = 0.0
+    timestamp: str = ""
+
+    @property
+    def correct(self) -> bool:
+        return bool(self.final and self.final.get("correct"))
+
+    def speedup(self, baseline: Baseline) -> float | None:
+        """The final evaluation's speed-up vs ``baseline`` (eager | compile); None if not measured."""
+        value = (self.final or {}).get(f"speedup_vs_{baseline}")
+        return float(value) if _positive(value) else None
+
+
+def read_records(path: str | Path) -> list[EpisodeRecord]:
+    """Every record of a run file, in file order. Blank lines are skipped; a torn last line (a run
+    killed mid-write) is ignored; anything else that is not a record raises RecordError."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise RecordError(f"run file {path}: cannot read it ({exc.strerror or exc})") from None
+    records = []
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for index, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(EpisodeRecord.model_validate_json(line))
+        except ValidationError as exc:
+            if index == last and _is_torn(line):
+                continue
+            problem = exc.errors()[0]
+            where = ".".join(str(part) for part in problem["loc"]) or "the line"
+            raise RecordError(f"run file {path}, line {index + 1}: not an episode record ({where}: {problem['msg']}); "
+                              f"is this a `kernel-env eval` output?") from None
+    return records
+
+
+def _is_torn(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return True
+    return False
+
+
+# ============================================================================ metrics
+
+
+@dataclass(frozen=True)
+class GroupMetrics:
+    """The figures of one level (``group`` "L1", "L2", ..., "no level") or of all tasks ("all").
+
+    ``faster``, ``geomean`` and ``fast_p`` are keyed by baseline ("eager", "compile"); ``fast_p``
+    then by threshold p (``FAST_P``)."""
+
+    group: str
+    tasks: int
+    episodes: int
+    errors: int
+    passed: int
+    pass_rate: float | None
+    faster: dict[str, float | None]
+    geomean: dict[str, float | None]
+    fast_p: dict[str, dict[float, float | None] | None]
+    mean_reward: float | None
+    invalid_call_rate: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: fast_p thresholds become keys like "fast_1.0"."""
+        data = asdict(self)
+        data["fast_p"] = {baseline: None if table is None else {f"fast_{p:g}": v for p, v in table.items()}
+                          for baseline, table in self.fast_p.items()}
+        return data
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Per level (sorted; tasks without a level last) and overall."""
+
+    levels: list[GroupMetrics]
+    overall: GroupMetrics
+
+    @property
+    def groups(self) -> list[GroupMetrics]:
+        """The levels, then overall: the rows of a table."""
+        return [*self.levels, self.overall]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"levels": [group.to_dict() for group in self.levels], "overall": self.overall.to_dict()}
+
+
+def compute_metrics(records: Iterable[EpisodeRecord]) -> Metrics:
+    """The paper's metrics per level and overall (see the module docstring for what counts)."""
+    records = list(records)
+    by_level: dict[int | None, list[EpisodeRecord]] = defaultdict(list)
+    for record in records:
+        by_level[record.level].append(record)
+    order = sorted(by_level, key=lambda level: (level is None, level or 0))
+    return Metrics(levels=[group_metrics(level_name(level), by_level[level]) for level in order],
+                   overall=group_metrics(OVERALL, records))
+
+
+def level_name(level: int | None) -> str:
+    return "no level" if level is None else f"L{level}"
+
+
+def group_metrics(group: str, records: Sequence[EpisodeRecord]) -> GroupMetrics:
+    """The figures over ``records`` (every episode of the group; the best per task counts)."""
+    counted = list(best_per_task(records).values())
+    correct = [record for record in counted if record.correct]
+    tasks = len(counted)
+    rewards = [record.reward for record in counted if record.reward is not None]
+    calls = sum(record.tool_calls for record in records)
+    return GroupMetrics(
+        group=group,
+        tasks=tasks,
+        episodes=len(records),
+        errors=sum(record.stop == "error" for record in counted),
+        passed=len(correct),
+        pass_rate=_rate(len(correct), tasks),
+        faster={b: _faster_rate(correct, tasks, b) for b in BASELINES},
+        geomean={b: geomean(s for r in correct if (s := r.speedup(b)) is not None) for b in BASELINES},
+        fast_p={b: _fast_p(correct, tasks, b) for b in BASELINES},
+        mean_reward=sum(rewards) / len(rewards) if rewards else None,
+        invalid_call_rate=_rate(sum(record.invalid_calls for record in records), calls),
+    )
+
+
+def best_per_task(records: Iterable[EpisodeRecord]) -> dict[str, EpisodeRecord]:
+    """task_id → the record that counts for it: correct first, then the largest speed-up vs
+    torch.compile, then vs eager, then reward; the earliest record wins a tie."""
+    best: dict[str, EpisodeRecord] = {}
+    for record in records:
+        held = best.get(record.task_id)
+        if held is None or _rank(record) > _rank(held):
+            best[record.task_id] = record
+    return best
+
+
+def _rank(record: EpisodeRecord) -> tuple[bool, float, float, float, bool]:
+    missing = -math.inf
+    return (record.correct, record.speedup("compile") or missing, record.speedup("eager") or missing,
+            missing if record.reward is None else record.reward, record.stop != "error")
+
+
+def fast_p(correct: Iterable[EpisodeRecord], tasks: int, baseline: Baseline, p: float) -> float | None:
+    """KernelBench fast_p: the fraction of ``tasks`` whose solution is correct with speed-up > p.
+    ``correct`` holds the counted correct records; one without a measured speed-up is not fast."""
+    return _rate(sum(1 for r in correct if (s := r.speedup(baseline)) is not None and s > p), tasks)
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    """The geometric mean of positive numbers; None for none."""
+    logs = [math.log(value) for value in values]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+def _measured(correct: Sequence[EpisodeRecord], baseline: Baseline) -> bool:
+    """Whether the vs-baseline figures mean something: no correct solution (then nothing is
+    faster, whatever was measured), or at least one correct solution timed against it."""
+    return not correct or any(record.speedup(baseline) is not None for record in correct)
+
+
+def _faster_rate(correct: Sequence[EpisodeRecord], tasks: int, baseline: Baseline) -> float | None:
+    """Correct and faster than the baseline (speed-up > 1.0), over all tasks."""
+    return fast_p(correct, tasks, baseline, 1.0) if _measured(correct, baseline) else None
+
+
+def _fast_p(correct: Sequence[EpisodeRecord], tasks: int, baseline: Baseline) -> dict[float, float | None] | None:
+    if not _measured(correct, baseline):
+        return None
+    return {p: fast_p(correct, tasks, baseline, p) for p in FAST_P}
+
+
+def _rate(count: int, total: int) -> float | None:
+    return count / total if total else None
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
