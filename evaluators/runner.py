@@ -129,6 +129,39 @@ class Runner:
                 prints.append(timing.fingerprint(self.model(*self.make_inputs(seed)), req["fp_seed"]))
         return {"fingerprints": prints}
 
+    def cmd_ref_screen(self, req: dict) -> dict:
+        """Facts for the synthesis filter (``kernel_env.synth.filter``, which decides; nothing here does).
+
+        Without ``compile``: the Model on the inputs of ``seeds[0]`` twice (fresh copies, the random
+        state moving on between the calls, as it would in use) and on those of ``seeds[1]`` once;
+        reports the outputs' signatures, whether they are finite, each output's spread (max - min),
+        the largest difference between the two identical calls and between the two inputs, and the
+        largest magnitude. With ``compile``: ``torch.compile(Model)`` on the inputs of ``seeds[0]``
+        against eager; reports the largest difference and its allowed tolerance's scale."""
+        first = self.make_inputs(req["seeds"][0])
+        with torch.no_grad():
+            eager = timing.flatten(self.model(*_copies(first)))
+            if req.get("compile"):
+                compiled = timing.flatten(torch.compile(self.model)(*_copies(first)))
+                return {"compile_max_diff": _max_diff(eager, compiled), "scale": _scale(eager)}
+            again = timing.flatten(self.model(*_copies(first)))
+            other = timing.flatten(self.model(*self.make_inputs(req["seeds"][1])))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        kinds = [type(t).__name__ for t in eager if not isinstance(t, torch.Tensor)]
+        if kinds:
+            return {"non_tensor_outputs": kinds}
+        return {
+            "non_tensor_outputs": [],
+            "outputs": [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in eager],
+            "finite": all(bool(torch.isfinite(t).all()) for t in eager if t.is_floating_point() or t.is_complex()),
+            "spreads": [_spread(t) for t in eager],
+            "numels": [t.numel() for t in eager],
+            "repeat_max_diff": _max_diff(eager, again),
+            "input_max_diff": _max_diff(eager, other),
+            "scale": _scale(eager),
+        }
+
     def cmd_ref_time(self, req: dict) -> dict:
         fn = self.model
         if req["target"] == "compile":
@@ -211,6 +244,64 @@ class Runner:
 
     def cmd_cand_integrity(self, req: dict) -> dict:
         return {"changes": self.integrity.changes(), "new_threads": self.integrity.new_threads()}
+
+
+def _copies(inputs: list) -> list:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _max_diff(a: list, b: list) -> float:
+    """Largest elementwise difference between two output lists (inf where shapes, dtypes or NaN positions
+    differ). Works in the outputs' own precision (float32 at least), so gigabyte outputs are not doubled."""
+    if len(a) != len(b):
+        return float("inf")
+    worst = 0.0
+    for x, y in zip(a, b):
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            return float("inf")
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return float("inf")
+        if x.numel() == 0:
+            continue
+        x, y = x.detach(), y.detach()
+        if x.is_floating_point() or x.is_complex():
+            if not torch.equal(torch.isnan(x), torch.isnan(y)):
+                return float("inf")
+            diff = (x - y).abs() if x.is_complex() else (x.float() - y.float()).abs()
+            diff = torch.where(torch.isnan(diff), 0.0, diff)  # NaN in both, or the same infinity in both
+        else:
+            diff = (x.long() - y.long()).abs()
+        worst = max(worst, float(diff.max()))
+    return worst
+
+
+def _finite_range(t: torch.Tensor) -> tuple[float, float] | None:
+    """(min, max) over the finite elements (the real part of complex ones), or None if there are none."""
+    values = (t.real if t.is_complex() else t).detach()
+    if values.dtype == torch.bool:
+        values = values.to(torch.uint8)
+    if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+        values = values[torch.isfinite(values)]  # a copy, only where something is not finite
+    if values.numel() == 0:
+        return None
+    low, high = torch.aminmax(values)
+    return float(low), float(high)
+
+
+def _spread(t: torch.Tensor) -> float:
+    """max - min over the finite elements (0 for none): zero means a constant output."""
+    found = _finite_range(t)
+    return found[1] - found[0] if found else 0.0
+
+
+def _scale(outputs: list) -> float:
+    """Largest finite magnitude among the outputs (the scale a relative tolerance refers to)."""
+    scale = 0.0
+    for t in outputs:
+        found = _finite_range(t) if isinstance(t, torch.Tensor) else None
+        if found:
+            scale = max(scale, abs(found[0]), abs(found[1]))
+    return scale
 
 
 def _trimmed(stage: str, exc: BaseException, snapshot: Path | None) -> str:

@@ -2,7 +2,8 @@
 
 A task is one self-contained Python source defining ``Model(nn.Module)``, ``get_inputs()``
 and ``get_init_inputs()``. Loaders read a single file, a KernelBench checkout
-(``level1/`` … ``level4/``, ids ``kernelbench/L2/12``) and JSONL task records.
+(``level1/`` … ``level4/``, ids ``kernelbench/L2/12``), and record files (JSONL, JSON,
+Parquet) in the shapes of the public data sets, parsed in ``kernel_env.task_sources``.
 
 Loading never executes task code. ``validate_task`` does, but only in a separate probe
 process (``kernel_env._task_probe``) that refuses file, network and process access, so
@@ -124,53 +125,43 @@ def load_kernelbench(root: str | Path, levels: Iterable[int] | None = None) -> l
     return tasks
 
 
-_CODE_KEYS = ("code", "pytorch_code", "python_code", "module_code")
-
-
 def load_jsonl(path: str | Path, *, source: str | None = None) -> list[Task]:
-    """Task records, one JSON object a line: code (or pytorch_code), and optionally id, name, level, source."""
-    path = Path(path)
-    tasks = []
-    with path.open() as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            where = f"{path.name}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TaskError(f"task {where}: not valid JSON ({exc.msg})") from None
-            code = next((record[key] for key in _CODE_KEYS if isinstance(record.get(key), str)), None)
-            if code is None:
-                raise TaskError(f"task {where}: no code field (one of {', '.join(_CODE_KEYS)})")
-            record_source = source or record.get("source") or path.stem
-            name = str(record.get("name") or record.get("id") or line_no)
-            task_id = str(record.get("id") or f"{record_source}/{name}")
-            level = record.get("level")
-            task = Task(
-                id=task_id, code=code, source=record_source, name=name,
-                level=int(level) if level is not None else None,
-                problem_id=record.get("problem_id"),
-                metadata={k: v for k, v in record.items() if k not in {"id", "name", "level", "source", "problem_id", *_CODE_KEYS}},
-            )
-            task.check_source()
-            tasks.append(task)
-    return tasks
+    """Task records, one JSON object a line, in any shape ``kernel_env.task_sources`` reads
+    (KernelBench export, KernelBook, CUDA-Agent-Ops-6K, the synthesis output, or plain
+    ``{"id", "name", "code"}`` records)."""
+    from kernel_env.task_sources import load_record_file
+
+    return load_record_file(path, source=source)
 
 
 def load_tasks(spec: str | Path) -> list[Task]:
-    """Every task of a source: a .py file, a .jsonl file, a KernelBench checkout, or ``examples``."""
+    """Every task of a source: ``examples``; a .py file; a .jsonl, .json or .parquet file of task
+    records (KernelBench export, KernelBook, CUDA-Agent-Ops-6K, synthesis output); a KernelBench
+    checkout; or a folder of record files (a data-set snapshot). Ids are unique within a source:
+    a source that would give two tasks one id is refused, naming the id."""
+    from kernel_env.task_sources import RECORD_SUFFIXES, load_record_file, load_record_folder
+
     spec_str = str(spec)
     if spec_str in ("examples", "example"):
         return [_example_task(p.parent.name) for p in sorted(data_dir("examples").glob("*/task.py"))]
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".py":
         return [load_task_file(path)]
-    if path.is_file() and path.suffix in (".jsonl", ".json"):
-        return load_jsonl(path)
-    if path.is_dir():
-        return load_kernelbench(path)
-    raise TaskError(f"task source {spec_str}: not a .py file, a .jsonl file, a KernelBench folder or 'examples'")
+    if path.is_file() and path.suffix in RECORD_SUFFIXES:
+        tasks = load_record_file(path)
+    elif path.is_dir() and (any(path.glob("level[0-9]*")) or (path / "KernelBench").is_dir()):
+        tasks = load_kernelbench(path)
+    elif path.is_dir():
+        tasks = load_record_folder(path)
+    else:
+        raise TaskError(f"task source {spec_str}: not a .py file, a .jsonl file, a KernelBench folder or 'examples' "
+                        "(nor a .json or .parquet file of task records, or a folder of them)")
+    seen: set[str] = set()
+    for task in tasks:
+        if task.id in seen:
+            raise TaskError(f"task source {spec_str}: two tasks have the id {task.id}; ids must be unique within a source")
+        seen.add(task.id)
+    return tasks
 
 
 def resolve_task(spec: str | Path, *, kernelbench_root: str | Path | None = None) -> Task:
