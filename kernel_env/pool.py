@@ -15,6 +15,7 @@ import heapq
 import itertools
 import logging
 import threading
+from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Protocol
@@ -45,38 +46,74 @@ def visible_gpus() -> list[str]:
         return []
 
 
-class LocalPool:
-    """One worker per device on this machine."""
+class _QueuedPool(ABC):
+    """The job queue both pools share: priority order (final evaluations first, then FIFO), a
+    closed pool answering instead of queueing, and ``close()`` answering what still waits."""
 
-    def __init__(self, devices: list[str] | None = None, *, baselines: BaselineCache | None = None,
-                 reward_kind: str = "milestone"):
-        self.devices = devices or visible_gpus() or ["cpu"]
-        self.baselines = baselines or BaselineCache()
-        self.reward_kind = reward_kind
+    _no_gpu_message = "this pool has no GPU: the job asks for device cuda"
+
+    def __init__(self) -> None:
         self._queue: list[tuple[int, int, EvalJob, Future]] = []
         self._order = itertools.count()
         self._cv = threading.Condition()
         self._closed = False
-        self._workers = [threading.Thread(target=self._work, args=(d,), name=f"kernel_env-pool-{d}", daemon=True) for d in self.devices]
-        for worker in self._workers:
-            worker.start()
+        self._threads: list[threading.Thread] = []
 
     @property
+    @abstractmethod
     def has_gpu(self) -> bool:
-        return any(d.startswith("cuda") for d in self.devices)
+        """Whether this pool can run cuda jobs."""
 
     def submit(self, job: EvalJob) -> Future[EvalResult]:
         future: Future[EvalResult] = Future()
         if job.device == "cuda" and not self.has_gpu:
-            future.set_result(_error(job, "this pool has no GPU: the job asks for device cuda (use --device cpu for cpp or triton)"))
+            future.set_result(_error(job, self._no_gpu_message))
             return future
         with self._cv:
             if self._closed:
                 future.set_result(_error(job, "the evaluation pool is closed"))
                 return future
             heapq.heappush(self._queue, (job.priority, next(self._order), job, future))
-            self._cv.notify()
+            self._cv.notify_all()
         return future
+
+    def close(self) -> None:
+        """Answer queued jobs with an error and stop taking new ones; running jobs finish."""
+        with self._cv:
+            self._closed = True
+            pending, self._queue = self._queue, []
+            self._cv.notify_all()
+        for _, _, job, future in pending:
+            if future.set_running_or_notify_cancel():
+                future.set_result(_error(job, "the evaluation pool was closed before this job ran"))
+        for thread in self._threads:
+            thread.join(timeout=1)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LocalPool(_QueuedPool):
+    """One worker per device on this machine."""
+
+    _no_gpu_message = "this pool has no GPU: the job asks for device cuda (use --device cpu for cpp or triton)"
+
+    def __init__(self, devices: list[str] | None = None, *, baselines: BaselineCache | None = None,
+                 reward_kind: str = "milestone"):
+        super().__init__()
+        self.devices = devices or visible_gpus() or ["cpu"]
+        self.baselines = baselines or BaselineCache()
+        self.reward_kind = reward_kind
+        self._threads = [threading.Thread(target=self._work, args=(d,), name=f"kernel_env-pool-{d}", daemon=True) for d in self.devices]
+        for worker in self._threads:
+            worker.start()
+
+    @property
+    def has_gpu(self) -> bool:
+        return any(d.startswith("cuda") for d in self.devices)
 
     def _work(self, device: str) -> None:
         while True:
@@ -97,25 +134,8 @@ class LocalPool:
                 result = _error(job, f"internal evaluation error: {type(exc).__name__}: {exc}")
             future.set_result(result)
 
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            pending, self._queue = self._queue, []
-            self._cv.notify_all()
-        for _, _, job, future in pending:
-            if future.set_running_or_notify_cancel():
-                future.set_result(_error(job, "the evaluation pool was closed before this job ran"))
-        for worker in self._workers:
-            worker.join(timeout=1)
 
-    def __enter__(self) -> LocalPool:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class RayPool:
+class RayPool(_QueuedPool):
     """The same jobs as Ray tasks on a Ray cluster: one job per GPU (``num_gpus=1``), or per
     ``cpu_job_cpus`` CPUs for CPU jobs.
 
@@ -131,6 +151,7 @@ class RayPool:
                  max_in_flight: int | None = None, init_options: dict | None = None):
         import ray
 
+        super().__init__()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_options or {}))
         self._ray = ray
@@ -140,30 +161,15 @@ class RayPool:
         self.gpus = int(resources.get("GPU", 0))
         slots = self.gpus or max(1, int(resources.get("CPU", 1)) // cpu_job_cpus)
         self.max_in_flight = max_in_flight or slots
-        self._queue: list[tuple[int, int, EvalJob, Future]] = []
-        self._order = itertools.count()
-        self._cv = threading.Condition()
         self._in_flight = 0
-        self._closed = False
-        self._dispatcher = threading.Thread(target=self._dispatch, name="kernel_env-ray-pool", daemon=True)
-        self._dispatcher.start()
+        self._threads = [threading.Thread(target=self._dispatch, name="kernel_env-ray-pool", daemon=True)]
+        self._threads[0].start()
+
+    _no_gpu_message = "the Ray cluster has no GPU: the job asks for device cuda"
 
     @property
     def has_gpu(self) -> bool:
         return self.gpus > 0
-
-    def submit(self, job: EvalJob) -> Future[EvalResult]:
-        future: Future[EvalResult] = Future()
-        if job.device == "cuda" and not self.has_gpu:
-            future.set_result(_error(job, "the Ray cluster has no GPU: the job asks for device cuda"))
-            return future
-        with self._cv:
-            if self._closed:
-                future.set_result(_error(job, "the evaluation pool is closed"))
-                return future
-            heapq.heappush(self._queue, (job.priority, next(self._order), job, future))
-            self._cv.notify()
-        return future
 
     def _dispatch(self) -> None:
         from kernel_env.ray_worker import evaluate_remote
@@ -197,22 +203,6 @@ class RayPool:
             self._in_flight -= 1
             self._cv.notify()
 
-    def close(self) -> None:
-        """Answer queued jobs with an error; jobs already running on the cluster finish."""
-        with self._cv:
-            self._closed = True
-            pending, self._queue = self._queue, []
-            self._cv.notify_all()
-        for _, _, job, future in pending:
-            if future.set_running_or_notify_cancel():
-                future.set_result(_error(job, "the evaluation pool was closed before this job ran"))
-        self._dispatcher.join(timeout=1)
-
-    def __enter__(self) -> RayPool:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _pack(directory: Path) -> dict[str, bytes]:
