@@ -25,14 +25,13 @@ drives hundreds of episodes.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import gymnasium
 from gymnasium import spaces
 
+from kernel_env.envs.common import TextSpace, in_thread
 from kernel_env.episode import Episode, Selection, default_device
 from kernel_env.evaluators.records import EvalResult, EvalSettings
 from kernel_env.evaluators.report import model_report
@@ -42,17 +41,8 @@ from kernel_env.resources import skill_file
 from kernel_env.tasks import Task, resolve_task
 from kernel_env.tools import ToolBox, ToolResult, parse_tool_calls
 
-#: Threads for the async API: each in-flight step holds one while it waits for its sandbox or the pool.
-_EXECUTOR = ThreadPoolExecutor(max_workers=512, thread_name_prefix="kernel_env-step")
 MAX_OBSERVATION_CHARS = 200_000
 _ENDED = "The episode has ended; call reset() to start a new one."
-
-
-class TextSpace(spaces.Text):
-    """Any text up to ``max_length`` characters (gymnasium's Text limits the alphabet; tool output cannot be)."""
-
-    def contains(self, x: Any) -> bool:
-        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
 
 
 class ToolCallSpace(spaces.Space[Any]):
@@ -197,10 +187,10 @@ class KernelAgentEnv(gymnasium.Env):
         return observation[-MAX_OBSERVATION_CHARS:], reward, finished, truncated, info
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        return await _in_thread(functools.partial(self.reset, seed=seed, options=options))
+        return await in_thread(functools.partial(self.reset, seed=seed, options=options))
 
     async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return await _in_thread(functools.partial(self.step, action))
+        return await in_thread(functools.partial(self.step, action))
 
     def close(self) -> None:
         self._close_episode()
@@ -267,7 +257,3 @@ def _render(results: list[ToolResult]) -> str:
         return results[0].output
     return "\n\n".join(f"[{i}] {r.tool or 'invalid call'}{' (error)' if r.is_error else ''}:\n{r.output}"
                        for i, r in enumerate(results, start=1))
-
-
-async def _in_thread(call):
-    return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, call)

@@ -28,14 +28,12 @@ disagree on when to stop or what to say.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import fnmatch
 import functools
 import re
 import shlex
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -43,6 +41,7 @@ import gymnasium
 from gymnasium import spaces
 from pydantic import BaseModel, Field
 
+from kernel_env.envs.common import TextSpace, in_thread
 from kernel_env.episode import Episode, default_device
 from kernel_env.evaluators.records import EvalResult, EvalSettings, Mode
 from kernel_env.evaluators.report import model_report
@@ -52,8 +51,6 @@ from kernel_env.resources import skill_file
 from kernel_env.sandbox import SandboxError
 from kernel_env.tasks import Task, resolve_task
 
-#: Threads for ``areset``/``astep``: each in-flight step holds one while it builds and waits for the pool.
-_EXECUTOR = ThreadPoolExecutor(max_workers=256, thread_name_prefix="kernel_env-refine")
 MAX_OBSERVATION_CHARS = 1_000_000
 MAX_DETAIL_CHARS = 4000
 _ENDED = "The episode has ended; call reset() to start a new one."
@@ -457,13 +454,6 @@ def _rules(lang: Language) -> str:
 # ============================================================================ the environment
 
 
-class TextSpace(spaces.Text):
-    """Any text up to ``max_length`` characters (gymnasium's Text limits the alphabet; prompts cannot be)."""
-
-    def contains(self, x: Any) -> bool:
-        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
-
-
 class CompletionSpace(spaces.Space[Any]):
     """Model completions: a str, a message mapping, or an OpenAI message object.
 
@@ -590,10 +580,10 @@ class KernelRefineEnv(gymnasium.Env):
         return feedback, reward, stop and reason == "success_fast", stop and reason == "max_turns_reached", info
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        return await _in_thread(functools.partial(self.reset, seed=seed, options=options))
+        return await in_thread(functools.partial(self.reset, seed=seed, options=options))
 
     async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return await _in_thread(functools.partial(self.step, action))
+        return await in_thread(functools.partial(self.step, action))
 
     def close(self) -> None:
         self._close_episode()
@@ -641,7 +631,3 @@ class KernelRefineEnv(gymnasium.Env):
         if self.episode is not None:
             self.episode.close()
             self.episode = None
-
-
-async def _in_thread(call):
-    return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, call)
