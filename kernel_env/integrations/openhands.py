@@ -241,10 +241,10 @@ class KernelWorkspace(LocalWorkspace):
                                    file_size=len(data))
 
     def git_changes(self, path: str | Path) -> list:
-        raise NotImplementedError("a kernel_env workspace is not a git repository")
+        raise OSError("a kernel_env workspace is not a git repository")
 
     def git_diff(self, path: str | Path) -> Any:
-        raise NotImplementedError("a kernel_env workspace is not a git repository")
+        raise OSError("a kernel_env workspace is not a git repository")
 
     def _inside(self, path: str | Path) -> str:
         """``path`` as the sandbox names it (lexically; the sandbox resolves links, inside)."""

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Protocol
 
@@ -130,7 +131,7 @@ class _SandboxDied(SandboxError):
     """The server exited while a request was under way (the agent killed it, most likely)."""
 
 
-class ServerSandbox:
+class ServerSandbox(ABC):
     """A Sandbox whose work is done by ``server.py``, reached through a ``Channel``.
 
     Subclasses implement ``_launch`` (start the server; return its channel; raise SandboxError
@@ -152,11 +153,13 @@ class ServerSandbox:
 
     # ----------------------------------------------------------------- backend hooks
 
+    @abstractmethod
     def _launch(self) -> Channel:
-        raise NotImplementedError
+        """Start the server; return the channel to its stdin/stdout. Raise SandboxError if it cannot start."""
 
+    @abstractmethod
     def _stop(self) -> None:
-        raise NotImplementedError
+        """Stop the server and everything it started; idempotent."""
 
     # ----------------------------------------------------------------- lifecycle
 
