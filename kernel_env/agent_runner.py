@@ -48,6 +48,7 @@ from kernel_env.envs.agent import KernelAgentEnv
 from kernel_env.episode import EpisodeError, Selection, check_device, default_device
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.languages import get_language
+from kernel_env.llm import choose_model, why
 from kernel_env.metrics import EpisodeRecord, RecordError, read_records
 from kernel_env.pool import GpuPool
 from kernel_env.tasks import Task
@@ -230,34 +231,13 @@ async def run_agent_eval(tasks: Iterable[Task], config: AgentRunConfig, output: 
     client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, timeout=config.request_timeout,
                                 max_retries=0)
     try:
-        summary.model = await choose_model(client, config.base_url, config.model)
+        summary.model = await choose_model(client, config.base_url, config.model, unreachable=ServerUnreachable, error=EvalRunError,
+                                           serve_hint="vllm serve MODEL --enable-auto-tool-choice --tool-call-parser ...")
         if todo:
             await _Run(config, client, run_file, summary, on_record).run(todo)
     finally:
         await client.close()
     return summary
-
-
-async def choose_model(client: openai.AsyncOpenAI, base_url: str, model: str | None) -> str:
-    """Check that the server answers; the model to ask (``model``, or the server's only one)."""
-    try:
-        listed = await client.with_options(timeout=15.0, max_retries=0).models.list()
-    except openai.APIConnectionError as exc:
-        raise ServerUnreachable(f"cannot reach the model server at {base_url} ({_why(exc)}); start it "
-                                f"(for example `vllm serve MODEL --enable-auto-tool-choice --tool-call-parser ...`) "
-                                f"or point --base-url at it") from None
-    except openai.APIStatusError as exc:
-        if model:
-            return model  # a server without /models can still answer chat completions
-        raise EvalRunError(f"the model server at {base_url} did not list its models (HTTP {exc.status_code}); "
-                           f"name the model with --model") from None
-    names = [entry.id for entry in listed.data]
-    if model:
-        return model
-    if len(names) != 1:
-        raise EvalRunError(f"the model server at {base_url} serves {len(names)} models"
-                           f"{' (' + ', '.join(names[:10]) + ')' if names else ''}; choose one with --model")
-    return names[0]
 
 
 class _Run:
@@ -373,14 +353,14 @@ class Conversation:
                 return assistant_message(response.choices[0].message, turn=len(self.messages))
             except openai.APIStatusError as exc:
                 if exc.status_code < 500 and exc.status_code not in (408, 409, 429):
-                    raise ModelCallFailed(f"model call failed (HTTP {exc.status_code}, not retried): {_why(exc)}") from None
+                    raise ModelCallFailed(f"model call failed (HTTP {exc.status_code}, not retried): {why(exc)}") from None
                 last: Exception = exc
             except (openai.APIConnectionError, NoChoices) as exc:
                 last = exc
             if attempt + 1 < tries:
                 await asyncio.sleep(self.config.retry_delay_s * 2 ** attempt)
         unreachable = isinstance(last, openai.APIConnectionError) and not isinstance(last, openai.APITimeoutError)
-        raise ModelCallFailed(f"model call failed after {tries} tries: {type(last).__name__}: {_why(last)}",
+        raise ModelCallFailed(f"model call failed after {tries} tries: {type(last).__name__}: {why(last)}",
                               unreachable=unreachable)
 
     def _record(self, stop: str, error: str | None = None) -> EpisodeRecord:
@@ -432,8 +412,3 @@ def request_message(message: dict[str, Any]) -> dict[str, Any]:
     """A kept message as sent back to the server: without ``reasoning_content`` (servers expect
     earlier reasoning dropped, and some reject the field)."""
     return {key: value for key, value in message.items() if key != "reasoning_content"}
-
-
-def _why(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc.__context__
-    return f"{exc}: {cause}" if cause is not None and str(cause) else str(exc)

@@ -46,6 +46,7 @@ from kernel_env.envs.refine import (KernelRefineEnv, StopReason, TurnResult, bui
                                     build_trace, sample_of, should_stop)
 from kernel_env.episode import EpisodeError, check_device, default_device
 from kernel_env.evaluators.records import EvalSettings
+from kernel_env.llm import choose_model, why
 from kernel_env.languages import get_language
 from kernel_env.pool import GpuPool, shared_pool
 from kernel_env.sandbox import SandboxError
@@ -330,7 +331,8 @@ async def generate(tasks: Iterable[Task], config: GenerateConfig, store: TraceSt
     client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, timeout=config.request_timeout,
                                 max_retries=2)
     try:
-        summary.model = await _choose_model(client, config)
+        summary.model = await choose_model(client, config.base_url, config.model, unreachable=ServerUnreachable,
+                                           error=GenerateError, serve_hint="vllm serve MODEL")
         if todo:
             await _Run(_with_pool(config), client, store, summary, on_progress).run(todo)
     finally:
@@ -346,32 +348,6 @@ def _with_pool(config: GenerateConfig) -> GenerateConfig:
         return dataclasses.replace(config, pool=shared_pool(config.pool))
     except (ImportError, ValueError, RuntimeError, OSError) as exc:
         raise GenerateError(f"cannot use the {config.pool!r} evaluation pool: {type(exc).__name__}: {exc}") from None
-
-
-async def _choose_model(client: openai.AsyncOpenAI, config: GenerateConfig) -> str:
-    """Check that the server answers; the model to ask (``config.model``, or the server's only one)."""
-    try:
-        listed = await client.with_options(timeout=15.0, max_retries=0).models.list()
-    except openai.APIConnectionError as exc:
-        raise ServerUnreachable(f"cannot reach the model server at {config.base_url} ({_why(exc)}); start it "
-                                f"(for example `vllm serve MODEL`) or point --base-url at it") from None
-    except openai.APIStatusError as exc:
-        if config.model:
-            return config.model  # a server without /models can still answer chat completions
-        raise GenerateError(f"the model server at {config.base_url} did not list its models (HTTP {exc.status_code}); "
-                            f"name the model with --model") from None
-    names = [model.id for model in listed.data]
-    if config.model:
-        return config.model
-    if len(names) != 1:
-        raise GenerateError(f"the model server at {config.base_url} serves {len(names)} models"
-                            f"{' (' + ', '.join(names[:10]) + ')' if names else ''}; choose one with --model")
-    return names[0]
-
-
-def _why(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc.__context__
-    return f"{exc}: {cause}" if cause is not None and str(cause) else str(exc)
 
 
 class _Run:
@@ -414,7 +390,7 @@ class _Run:
                             and not isinstance(r, openai.APITimeoutError)), None)
         if unreachable is not None:
             raise ServerUnreachable(f"the model server at {self.config.base_url} stopped answering "
-                                    f"({_why(unreachable)}); finished traces are kept: rerun to resume")
+                                    f"({why(unreachable)}); finished traces are kept: rerun to resume")
         for reply in replies:
             if isinstance(reply, BaseException) and not isinstance(reply, openai.OpenAIError):
                 raise reply
