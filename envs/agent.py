@@ -29,9 +29,8 @@ import functools
 from typing import Any, Literal
 
 import gymnasium
-from gymnasium import spaces
 
-from kernel_env.envs.common import TextSpace, in_thread
+from kernel_env.envs.common import ModelOutputSpace, TextSpace, in_thread
 from kernel_env.episode import Episode, Selection, default_device
 from kernel_env.evaluators.records import EvalResult, EvalSettings
 from kernel_env.evaluators.report import model_report
@@ -45,7 +44,7 @@ MAX_OBSERVATION_CHARS = 200_000
 _ENDED = "The episode has ended; call reset() to start a new one."
 
 
-class ToolCallSpace(spaces.Space[Any]):
+class ToolCallSpace(ModelOutputSpace):
     """Tool calls as a model emits them: a dict, a JSON string, or a list of either.
 
     ``sample()`` gives a harmless call (reading a file, listing files), for checkers and smoke tests."""
@@ -56,19 +55,11 @@ class ToolCallSpace(spaces.Space[Any]):
         {"name": "Glob", "arguments": {"pattern": "utils/*"}},
     )
 
-    def __init__(self, seed: int | None = None):
-        super().__init__(shape=None, dtype=None, seed=seed)
-
     def contains(self, x: Any) -> bool:
         return isinstance(x, (str, bytes, dict, list, tuple))
 
     def sample(self, mask: Any = None, probability: Any = None) -> dict[str, Any]:
         return dict(self._SAMPLES[int(self.np_random.integers(len(self._SAMPLES)))])
-
-    @property
-    def is_np_flattenable(self) -> bool:
-        return False
-
 
 class KernelAgentEnv(gymnasium.Env):
     """See the module docstring. Keyword arguments:

@@ -25,6 +25,18 @@ class TextSpace(spaces.Text):
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
 
 
+class ModelOutputSpace(spaces.Space[Any]):
+    """Actions as a model produces them (text, tool calls, message objects): no shape, no dtype,
+    not flattenable to arrays. Subclasses say what they contain and what ``sample()`` gives."""
+
+    def __init__(self, seed: int | None = None):
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+
 async def in_thread(call: Callable[[], T]) -> T:
     """Run a blocking call on the shared step threads."""
     return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, call)

@@ -38,10 +38,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import gymnasium
-from gymnasium import spaces
 from pydantic import BaseModel, Field
 
-from kernel_env.envs.common import TextSpace, in_thread
+from kernel_env.envs.common import ModelOutputSpace, TextSpace, in_thread
 from kernel_env.episode import Episode, default_device
 from kernel_env.evaluators.records import EvalResult, EvalSettings, Mode
 from kernel_env.evaluators.report import model_report
@@ -454,25 +453,17 @@ def _rules(lang: Language) -> str:
 # ============================================================================ the environment
 
 
-class CompletionSpace(spaces.Space[Any]):
+class CompletionSpace(ModelOutputSpace):
     """Model completions: a str, a message mapping, or an OpenAI message object.
 
     ``sample()`` gives a completion without code: stepping it is cheap (no build, no evaluation)
     and is answered with feedback saying so, which is what checkers and smoke tests need."""
-
-    def __init__(self, seed: int | None = None):
-        super().__init__(shape=None, dtype=None, seed=seed)
 
     def contains(self, x: Any) -> bool:
         return isinstance(x, (str, bytes, Mapping)) or hasattr(x, "content") or hasattr(x, "choices")
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:
         return "I will think about the kernel design before writing any code."
-
-    @property
-    def is_np_flattenable(self) -> bool:
-        return False
-
 
 class KernelRefineEnv(gymnasium.Env):
     """See the module docstring. Keyword arguments:
