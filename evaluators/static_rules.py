@@ -47,6 +47,16 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
      "reaches past the dispatcher or into its thread-local state"),
     (r"\bdlopen\s*\(|\bdlsym\s*\(|\bfork\s*\(|\bsystem\s*\(|\bpopen\s*\(|std::thread|std::async|std::jthread|pthread_create",
      "starts threads or processes, or loads code at run time (parallelise with OpenMP: `#pragma omp parallel for`)"),
+    # A binding defines functions (`m.def(...)`, `pybind11::arg`) and nothing more: from C++ the
+    # interpreter is as open as from Python (frames, modules, the harness's objects), past every
+    # Python rule above, so reaching into it is refused by name.
+    (r"\b_?Py[A-Z][A-Za-z]*_\w*\s*\(|\b_Py\w+|\bPy_\w+|\bPyObject\b|\bPyFrameObject\b|"
+     r"\b(?:py|pybind11)\s*::\s*(?:module_?\s*::\s*)?(?:import|eval\w*|exec\w*|globals|getattr|setattr|hasattr|"
+     r"delattr|reinterpret_borrow|reinterpret_steal|module_?_?\s*::\s*import)\b|\.\s*attr\s*\(|\bimport\s*\(",
+     "reaches into the Python interpreter (a binding only defines functions: `m.def(...)` with `pybind11::arg`)"),
+    (r"\b(?:fopen|freopen|open|openat|creat|mmap|mprotect|ptrace|process_vm_\w+|syscall|prctl|vfork|execv\w*|execl\w*)\s*\(|"
+     r"(?<![.>\w])clone\s*\(|\bstd::[io]?fstream\b",
+     "touches files, memory mappings or the process itself (open, mmap, mprotect, syscall, ...)"),
 )
 # torch / ATen functions a binding may call: allocation, options, the stream and device guard.
 _ALLOWED_TORCH_CALLS = frozenset({

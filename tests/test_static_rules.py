@@ -1,0 +1,92 @@
+"""The source rules (evaluators/static_rules.py) on kernels/ sources, read as text before anything runs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kernel_env.evaluators.static_rules import check_sources
+from kernel_env.resources import example_dir
+
+BINDING = """\
+#include <torch/types.h>
+#include <torch/csrc/utils/pybind.h>
+#include "../binding_registry.h"
+
+static torch::Tensor relu_add_forward(const torch::Tensor& x, const torch::Tensor& y) {{
+  torch::Tensor out = torch::empty_like(x);
+  {body}
+  return out;
+}}
+
+static void register_relu_add(pybind11::module& m) {{
+  m.def("relu_add", &relu_add_forward, "relu(x + y)", pybind11::arg("x"), pybind11::arg("y"));
+}}
+
+REGISTER_BINDING(relu_add, register_relu_add);
+"""
+
+
+def _snapshot(tmp_path: Path, body: str) -> Path:
+    snapshot = tmp_path / "snapshot"
+    (snapshot / "kernels").mkdir(parents=True)
+    (snapshot / "model_new.py").write_text("import torch.nn as nn\n")
+    (snapshot / "kernels" / "relu_add_binding.cpp").write_text(BINDING.format(body=body))
+    return snapshot
+
+
+@pytest.mark.parametrize("language", ["cuda", "cpp", "triton"])
+def test_the_bundled_solutions_break_no_rule(language):
+    assert check_sources(example_dir("relu_add") / "solutions" / language) == []
+
+
+def test_a_binding_that_only_defines_functions_breaks_no_rule(tmp_path):
+    assert check_sources(_snapshot(tmp_path, "// the launch goes here")) == []
+
+
+@pytest.mark.parametrize("body", [
+    'auto frame = pybind11::module_::import("sys").attr("_getframe")(2);',
+    'auto sys = py::module::import("sys");',
+    'py::exec("import sys");',
+    'auto g = pybind11::globals();',
+    'PyObject* frame = (PyObject*) PyEval_GetFrame();',
+    'PyObject* sys = PyImport_ImportModule("sys");',
+    'PyRun_SimpleString("import gc");',
+    'auto o = pybind11::reinterpret_borrow<pybind11::object>(handle);',
+], ids=["pybind-import-attr", "py-module-import", "py-exec", "globals", "PyEval_GetFrame", "PyImport", "PyRun", "reinterpret"])
+def test_reaching_into_the_python_interpreter_from_a_binding_is_refused(tmp_path, body):
+    violations = check_sources(_snapshot(tmp_path, body))
+    assert any("reaches into the Python interpreter" in v and "relu_add_binding.cpp:7" in v for v in violations), violations
+
+
+@pytest.mark.parametrize("body", [
+    'FILE* mem = fopen("/proc/self/mem", "r+");',
+    'std::ifstream maps("/proc/self/maps");',
+    'mprotect(page, 4096, 7);',
+    'syscall(56, 0, 0);',
+    'int fd = open("/job/ref/ref_trial_0.pt", 0);',
+], ids=["fopen", "ifstream", "mprotect", "syscall", "open"])
+def test_touching_files_or_the_process_from_native_code_is_refused(tmp_path, body):
+    violations = check_sources(_snapshot(tmp_path, body))
+    assert any("touches files, memory mappings or the process" in v for v in violations), violations
+
+
+def test_a_tensor_clone_in_a_binding_is_not_mistaken_for_the_clone_system_call(tmp_path):
+    assert check_sources(_snapshot(tmp_path / "a", "torch::Tensor copy = out.clone();")) == []
+    assert check_sources(_snapshot(tmp_path / "b", "clone(child, stack, 0, nullptr);"))
+
+
+def test_names_in_comments_and_strings_are_not_code(tmp_path):
+    snapshot = _snapshot(tmp_path, '// never PyEval_GetFrame() or fopen() here\n  TORCH_CHECK(true, "no py::exec");')
+    assert check_sources(snapshot) == []
+
+
+def test_the_rule_names_file_and_line(tmp_path):
+    snapshot = _snapshot(tmp_path, "")
+    shutil.copy2(snapshot / "kernels" / "relu_add_binding.cpp", snapshot / "kernels" / "other_binding.cpp")
+    (snapshot / "kernels" / "other_binding.cpp").write_text("\n\nvoid f() { PyEval_GetFrame(); }\n")
+    assert check_sources(snapshot) == [
+        "kernels/other_binding.cpp:3 reaches into the Python interpreter (a binding only defines functions: "
+        "`m.def(...)` with `pybind11::arg`): `PyEval_GetFrame(`"]
