@@ -1,7 +1,8 @@
 """Baseline timings (eager PyTorch and torch.compile), measured once and cached on disk.
 
-Keyed by (task content hash, device name, torch version, timing protocol version): a
-different GPU model, torch build or timing protocol is a different baseline. Measured by the same protocol as candidates
+Keyed by (task content hash, device name, torch version, timing protocol version and the
+settings a timing depends on): a different GPU model, torch build or timing protocol is a
+different baseline. Measured by the same protocol as candidates
 (``timing.time_calls`` in an isolated reference process).
 """
 
@@ -25,8 +26,9 @@ class BaselineCache:
         self._lock = threading.Lock()
 
     @staticmethod
-    def key(task_code: str, device_name: str, torch_version: str) -> str:
-        raw = json.dumps([hashlib.sha256(task_code.encode()).hexdigest(), device_name, torch_version, PROTOCOL_VERSION])
+    def key(task_code: str, device_name: str, torch_version: str, protocol: dict | None = None) -> str:
+        raw = json.dumps([hashlib.sha256(task_code.encode()).hexdigest(), device_name, torch_version, PROTOCOL_VERSION,
+                          protocol or {}], sort_keys=True)
         return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
     def _path(self, key: str) -> Path:

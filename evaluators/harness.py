@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
 import stat
 import statistics
 import tempfile
@@ -49,13 +50,19 @@ def _seeds(count: int) -> list[int]:
     return [secrets.randbits(31) for _ in range(count)]
 
 
+def _streamed(seeds: list[int]) -> dict:
+    """A timing run's seeds as ``Child.call`` arguments: the first in the command, each next one
+    once the call before has ended, so no timed call's inputs can be known ahead of it."""
+    return {"seeds": seeds[:1], "calls": len(seeds), "feed": [{"seed": seed} for seed in seeds[1:]]}
+
+
 def evaluate(job: EvalJob, *, device: str | None = None, baselines: BaselineCache | None = None,
              reward_kind: str = "milestone") -> EvalResult:
     """Evaluate one job on ``device`` (``cuda:N`` or ``cpu``); every failure becomes a result."""
     started = time.monotonic()
     device = device or ("cuda:0" if job.device == "cuda" else "cpu")
     result = EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
-                        mode=job.mode, snapshot_hash=job.snapshot_hash)
+                        ran_on=f"{socket.gethostname()}/{device}", mode=job.mode, snapshot_hash=job.snapshot_hash)
     job_dir = Path(tempfile.mkdtemp(prefix=f"job-{job.job_id}-"))
     try:
         _Evaluation(job, result, job_dir, device, baselines or BaselineCache()).run()
@@ -158,7 +165,7 @@ class _Evaluation:
         return {"trials": trials, "fingerprints": prints}
 
     def baseline_times(self, child: Child, setup: dict) -> tuple[Timing, Timing | None]:
-        key = self.baselines.key(self.job.task_code, setup["device_name"], setup["torch"])
+        key = self.baselines.key(self.job.task_code, setup["device_name"], setup["torch"], self.s.timing_protocol())
         cached = self.baselines.get(key)
         # An entry measured without the compile baseline does not serve a job that wants one.
         if cached and (cached[1] is not None or not self.s.compile_baseline):
@@ -166,8 +173,9 @@ class _Evaluation:
         timings = []
         for target in ("eager", "compile") if self.s.compile_baseline else ("eager",):
             answer = self._ask(child, "ref_time", f"timing the reference ({target})", target=target,
-                               seeds=_seeds(self.s.timed_calls), warmup_seeds=_seeds(self.s.warmup_calls),
-                               flush_bytes=self._flush_bytes(), fp_seed=0, timeout=self.s.job_timeout_s)
+                               **_streamed(_seeds(self.s.timed_calls)), warmup_seeds=_seeds(self.s.warmup_calls),
+                               flush_bytes=self._flush_bytes(), launch_cover_us=self.s.launch_cover_us, fp_seed=0,
+                               timeout=self.s.job_timeout_s)
             timings.append(_timing(answer["times_ms"]))
         eager, compiled = timings[0], (timings[1] if len(timings) > 1 else None)
         self.baselines.put(key, eager, compiled)
@@ -252,8 +260,9 @@ class _Evaluation:
         if warm.get("error"):
             self.fail(warm["error"], log=child.log_tail())
         audit_at = sorted(secrets.SystemRandom().sample(range(len(timed_seeds)), min(s.audited_timed_calls, len(timed_seeds))))
-        answer, marks = child.call("cand_time", s.job_timeout_s, seeds=timed_seeds, warmup_seeds=[],
-                                  flush_bytes=self._flush_bytes(), fp_seed=fp_seed, audit_at=audit_at)
+        answer, marks = child.call("cand_time", s.job_timeout_s, **_streamed(timed_seeds), warmup_seeds=[],
+                                  flush_bytes=self._flush_bytes(), launch_cover_us=s.launch_cover_us, fp_seed=fp_seed,
+                                  audit_at=audit_at)
         if not answer.get("ok") or answer.get("error"):
             self.fail(answer.get("error") or "timing failed", log=child.log_tail())
         times, prints = answer["times_ms"], answer["fingerprints"]

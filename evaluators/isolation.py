@@ -24,6 +24,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from kernel_env.sandbox.bwrap import PidNamespace, base_argv, bubblewrap_problem, gpu_device_binds, spawn
@@ -104,16 +105,25 @@ class Child:
         """Where the child sees a bound directory."""
         return self.paths[target]
 
-    def call(self, cmd: str, timeout: float, **payload) -> tuple[dict, list[tuple[str, int, float]]]:
+    def call(self, cmd: str, timeout: float, *, feed: Sequence[dict] = (), **payload) -> tuple[dict, list[tuple[str, int, float]]]:
         """Send a command; return its answer and the marks the child sent on the way, each with
-        the kernel's clock reading (seconds) of the moment the child sent it."""
-        try:
-            self.proc.stdin.write((json.dumps({"cmd": cmd, **payload}) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise ChildError(self._death_note(f"the {self.role} process died before {cmd}")) from None
+        the kernel's clock reading (seconds) of the moment the child sent it.
+
+        ``feed[k]`` goes to the child as one more line once its mark ``end:k`` has arrived, and not
+        before: a timing run's next seed exists in the child only after the call before has ended.
+        (A mark sent early to get ahead is a duplicate when the real one comes, which the clock
+        check refuses.)"""
+        self._send(cmd, {"cmd": cmd, **payload})
         marks: list[tuple[str, int, float]] = []
-        line = self._read_line(cmd, timeout, marks)
+        fed = 0
+
+        def on_marks() -> None:
+            nonlocal fed
+            while fed < len(feed) and any(kind == "end" and k == fed for kind, k, _ in marks):
+                self._send(cmd, feed[fed])
+                fed += 1
+
+        line = self._read_line(cmd, timeout, marks, on_marks)
         self._drain_marks(marks)  # every mark was sent before the answer, so all are queued by now
         try:
             answer = json.loads(line)
@@ -123,7 +133,14 @@ class Child:
             raise ChildError(f"the {self.role} process broke the protocol during {cmd}")
         return answer, marks
 
-    def _read_line(self, cmd: str, timeout: float, marks: list[tuple[str, int, float]]) -> bytes:
+    def _send(self, cmd: str, message: dict) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise ChildError(self._death_note(f"the {self.role} process died during {cmd}")) from None
+
+    def _read_line(self, cmd: str, timeout: float, marks: list[tuple[str, int, float]], on_marks) -> bytes:
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
@@ -136,6 +153,7 @@ class Child:
                 ready = {key.fileobj for key, _ in sel.select(min(remaining, 1.0))}
             if self._marks in ready:
                 self._drain_marks(marks)  # a full queue would block the child
+                on_marks()
             if self._reply_fd not in ready:
                 if not ready and self.proc.poll() is not None:
                     raise ChildError(self._death_note(f"the {self.role} process died during {cmd}"))

@@ -26,10 +26,16 @@ class EvalSettings(BaseModel):
     checked_timed_calls: int = 30         # timed calls whose outputs are checked against the reference (all, by default)
     audited_timed_calls: int = 2          # extra audited (untimed) calls at secret positions of the timing run
     flush_bytes: int = 256 << 20          # cache flush between repetitions (H100 L2 is 50 MB)
+    launch_cover_us: float = 200.0        # CUDA: the device is kept full this long while each timed call is launched (timing.py)
     job_timeout_s: float = 600.0          # bound on a timing run (baselines: torch.compile's first call is slow)
     step_timeout_s: float = 300.0         # bound on every other step (import, trials): an endless loop ends here
     compile_baseline: bool = True
     speedup_margin: float = 0.05           # "more than 5 % faster"
+
+    def timing_protocol(self) -> dict:
+        """The settings a baseline timing depends on (part of the baseline cache key)."""
+        return {"timed_calls": self.timed_calls, "warmup_calls": self.warmup_calls,
+                "flush_bytes": self.flush_bytes, "launch_cover_us": self.launch_cover_us}
 
 
 class EvalJob(BaseModel):
@@ -77,6 +83,7 @@ class EvalResult(BaseModel):
     language: str
     device: str
     device_name: str = ""
+    ran_on: str = ""                     # where the job ran: host and device (cuda:N is the host's GPU N)
     mode: Mode
     compiled: bool = True
     correct: bool = False

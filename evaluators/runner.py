@@ -102,8 +102,9 @@ class Runner:
 
     def _time(self, req: dict, fn, audit=None) -> dict:
         times, prints = timing.time_calls(
-            fn, self.make_inputs, req["seeds"], self.device, warmup_seeds=req.get("warmup_seeds", ()),
-            flush_bytes=req["flush_bytes"], fp_seed=req["fp_seed"], signal=mark,
+            fn, self.make_inputs, _streamed_seeds(req), self.device, warmup_seeds=req.get("warmup_seeds", ()),
+            flush_bytes=req["flush_bytes"], launch_cover_us=req.get("launch_cover_us", 0.0),
+            fp_seed=req["fp_seed"], signal=mark,
             audit=audit, audit_at=req.get("audit_at", ()),
         )
         return {"times_ms": times, "fingerprints": prints}
@@ -244,6 +245,17 @@ class Runner:
 
     def cmd_cand_integrity(self, req: dict) -> dict:
         return {"changes": self.integrity.changes(), "new_threads": self.integrity.new_threads()}
+
+
+def _streamed_seeds(req: dict):
+    """The timed calls' seeds: those in the request, then, up to ``calls`` in all, one a line on
+    stdin, which the parent writes only once the call before has ended (see time_calls)."""
+    yield from req["seeds"]
+    for _ in range(req.get("calls", len(req["seeds"])) - len(req["seeds"])):
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError("the harness closed the command stream during timing")
+        yield int(json.loads(line)["seed"])
 
 
 def _copies(inputs: list) -> list:

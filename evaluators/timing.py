@@ -1,12 +1,27 @@
 """The one timing function: eager, torch.compile and candidates are all timed by ``time_calls``.
 
 Per timed call: fresh inputs from their own seed (made outside the timed region), a cache
-flush, a start mark, the call, an end mark, then a device-wide synchronise and a last mark:
+flush, a device-wide synchronise (the inputs are ready, nothing else runs), on CUDA the launch
+cover, a start mark, the call, an end mark, then a device-wide synchronise and a last mark:
 the time is end - start, plus whatever the device-wide synchronise waited for beyond its
 usual latency (work the call left on side streams counts). On CUDA the marks are device
 events; on the CPU a monotonic clock. Each call's output is fingerprinted (so the trusted parent can
 check that timed calls computed the right thing) and then poisoned with NaN (so the next
 call cannot hand the same memory back as its answer).
+
+The launch cover is a spin kernel that takes every thread slot of every SM for a fixed time
+(``launch_cover_us``) while the host launches the call, so the start mark is reached only once
+the call's first kernels are queued behind it: up to that much host-side launch time (Python,
+Triton's launcher) overlaps device work, as in a model whose GPU runs ahead of the host, and
+no longer decides the measurement (without it, Triton candidates spread by 60 % across jobs
+on a busy host). Because the cover fills the whole device, nothing the call launches, on any
+stream, can run before the start mark: work on a side stream that does not wait for the
+current one queues behind the cover like the rest. Host time beyond the cover, and any call
+that waits for the host (a synchronise, a copy to the CPU), is timed.
+
+Seeds may arrive one at a time (``seeds`` is any iterable): the evaluation child receives each
+timed call's seed only after the call before it has ended, so no call's inputs exist in the
+process before that call (nothing to compute ahead of time and hand back later).
 
 This module runs inside the evaluation child processes. The primitives it uses are bound
 when it is imported, which is before any candidate code is: replacing ``torch.cuda.Event``
@@ -18,9 +33,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import globaltimer as _globaltimer
+except ImportError:  # no Triton: no launch cover (the launch is then timed, never hidden)
+    triton = None
 
 _perf_counter_ns = time.perf_counter_ns
 _EventBase = torch._C._CudaEventBase if hasattr(torch._C, "_CudaEventBase") else None
@@ -30,8 +52,28 @@ _Generator = torch.Generator
 
 FINGERPRINT_SAMPLES = 64
 #: Bumped whenever a change here changes what a timing means; part of the baseline cache key.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 5
 _AUDIT_SEED_SALT = 0x5BD1E995
+# After launching the cover, the host waits this long before it marks the start and calls the
+# candidate, so the cover's blocks hold every SM before anything of the call can be launched.
+_COVER_SETTLE_NS = 30_000
+_COVER_WARPS = 16  # 512 threads a block: several blocks fill an SM's thread slots exactly
+
+
+if triton is not None:
+    @triton.jit(do_not_specialize=["duration_ns"])
+    def _spin(deadline_ptr, duration_ns):
+        # The first block to start sets the deadline (the slot is zero before each launch) and every
+        # block spins until that same reading of the global timer: all leave their SMs at once. A
+        # deadline of each block's own (tried first) freed SMs one by one while the last blocks
+        # still held the timing stream, and on an H100 a side-stream kernel got a third of its work
+        # done before the start mark.
+        tl.atomic_cas(deadline_ptr, tl.full([], 0, tl.int64), _globaltimer() + duration_ns)  # one thread a block
+        tl.debug_barrier()  # the block's other threads read the deadline only after that thread's swap
+        deadline = tl.load(deadline_ptr, volatile=True)
+        now = _globaltimer()
+        while now < deadline:
+            now = _globaltimer()
 
 
 class _Marks:
@@ -57,6 +99,36 @@ class _Marks:
             _EventBase.synchronize(end)
             return float(_EventBase.elapsed_time(start, end))
         return (end - start) / 1e6
+
+
+class LaunchCover:
+    """A spin kernel holding every thread slot of every SM of the device for ``microseconds``.
+
+    Where it cannot fill every SM (no Triton; a kernel too large in registers) there is no
+    cover: the call's launch is then timed, which is slower but never hides any work."""
+
+    def __init__(self, device: torch.device, microseconds: float):
+        self.duration_ns = int(microseconds * 1e3)
+        self.grid = 0
+        if device.type != "cuda" or self.duration_ns <= 0 or triton is None:
+            return
+        props = torch.cuda.get_device_properties(device)
+        threads = getattr(props, "max_threads_per_multi_processor", 2048)
+        per_block = _COVER_WARPS * 32
+        self.deadline = torch.zeros(1, dtype=torch.int64, device=device)
+        kernel = _spin[(1,)](self.deadline, 0, num_warps=_COVER_WARPS)  # compiles and loads it; no wait
+        _cuda_synchronize(device)
+        registers = int(getattr(kernel, "n_regs", 0) or 0) * threads
+        if threads % per_block == 0 and registers <= getattr(props, "regs_per_multiprocessor", 65536):
+            self.grid = props.multi_processor_count * (threads // per_block)
+
+    def __call__(self) -> None:
+        if self.grid:
+            self.deadline.zero_()
+            _spin[(self.grid,)](self.deadline, self.duration_ns, num_warps=_COVER_WARPS)
+            settle = _perf_counter_ns() + _COVER_SETTLE_NS
+            while _perf_counter_ns() < settle:
+                pass
 
 
 def flatten(value) -> list:
@@ -111,8 +183,8 @@ def poison(output) -> None:
 
 
 def time_calls(
-    fn: Callable, make_inputs: Callable[[int], list], seeds: Sequence[int], device: torch.device, *,
-    warmup_seeds: Sequence[int] = (), flush_bytes: int = 256 << 20, fp_seed: int = 0,
+    fn: Callable, make_inputs: Callable[[int], list], seeds: Iterable[int], device: torch.device, *,
+    warmup_seeds: Sequence[int] = (), flush_bytes: int = 256 << 20, launch_cover_us: float = 0.0, fp_seed: int = 0,
     signal: Callable[[str, int], None] | None = None,
     audit: Callable[[list], None] | None = None, audit_at: Sequence[int] = (),
 ) -> tuple[list[float], list[list[dict]]]:
@@ -126,6 +198,7 @@ def time_calls(
     """
     marks = _Marks(device)
     flush = torch.empty(max(flush_bytes // 4, 1), dtype=torch.float32, device=device)
+    cover = LaunchCover(device, launch_cover_us)
     with torch.no_grad():
         for seed in warmup_seeds:
             out = fn(*make_inputs(seed))
@@ -136,9 +209,9 @@ def time_calls(
         times, prints = [], []
         for index, seed in enumerate(seeds):
             inputs = make_inputs(seed)
-            # No host synchronisation here: the GPU is still flushing while the call is
-            # launched, so launch latency overlaps as it would in a real model (as do_bench).
             flush.zero_()
+            marks.sync()  # the inputs are ready and the device is idle: nothing of the call has run yet
+            cover()       # the device is full while the call is launched: its kernels queue behind the cover
             if signal:
                 signal("start", index)
             start = marks.mark()

@@ -289,7 +289,7 @@ class Jobs:
 
     def ensure_baselines(self) -> None:
         """Have the eager/compile baselines of TASK measured (by an honest PROFILE job) unless they are cached."""
-        if self.baselines.get(self.baselines.key(TASK_CODE, "cpu", torch.__version__)) is None:
+        if self.baselines.get(self.baselines.key(TASK_CODE, "cpu", torch.__version__, SETTINGS.timing_protocol())) is None:
             self.timed("triton", "honest")
 
     def wait_all(self) -> None:
@@ -708,6 +708,18 @@ def test_forged_elapsed_times_are_rejected_or_timed_honestly(jobs, slow_honest):
 def test_a_rewritten_runner_cannot_earn_a_speed_reward(jobs):
     result = jobs.timed("triton", "runner_patched_evasive")
     assert result.reward == -1.0, why(result)
+
+
+def test_answers_computed_ahead_of_their_timed_calls_are_impossible(jobs, monkeypatch):
+    """With the source rules out of the way, a candidate that reads the timing run's seeds from the
+    harness's frames finds only the current call's: it cannot compute later calls in advance."""
+    honest = jobs.timed("triton", "honest")
+    monkeypatch.setattr(harness, "check_sources", lambda snapshot: [])
+    result = jobs.timed("triton", "precompute_ahead")
+    assert_honest(result)
+    assert result.runtime_ms >= 0.5 * honest.runtime_ms, (
+        f"answers handed back from an earlier call: {result.runtime_ms:.4f} ms against the honest kernel's "
+        f"{honest.runtime_ms:.4f} ms\n{why(result)}")
 
 
 # ============================================================================ the broker: snapshots and protected files

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from kernel_env.evaluators.harness import _clock_mismatch
@@ -109,3 +110,19 @@ def test_a_cached_baseline_without_compile_is_remeasured_for_a_job_that_wants_co
     assert eager_only.compile_ms is None
     both = measure_baselines("t", code, device="cpu", baselines=cache, settings=EvalSettings(timed_calls=3))
     assert both.error is None and both.compile_ms and both.compile_ms > 0
+
+
+def test_the_launch_cover_compiles_for_hopper_and_ends_every_block_at_one_deadline():
+    """The cover kernel (CUDA only, so checked here in its PTX): one thread of each block swaps in the
+    launch's deadline, the block waits for that swap, and every thread spins on the global timer."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernel_env.evaluators import timing
+
+    source = ASTSource(fn=timing._spin, signature={"deadline_ptr": "*i64", "duration_ns": "i32"}, constexprs={})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": timing._COVER_WARPS}).asm["ptx"]
+    swap, barrier, read = ptx.index("atom.global.acq_rel.gpu.cas.b64"), ptx.index("bar.sync"), ptx.index("ld.volatile.global.b64")
+    assert swap < barrier < read
+    assert ptx.count("%globaltimer") >= 2

@@ -93,3 +93,63 @@ def test_torch_fallback_in_cuda_forward_is_a_violation(pool, tmp_path):
     result = _evaluate(pool, RELU_ADD, _triton_solution(tmp_path, "torch_fallback"), mode=Mode.VERIFY)
     assert result.reward == -1
     assert any("torch computes" in v for v in result.violations), result.violations
+
+
+def test_side_stream_work_that_does_not_wait_is_timed_honestly(pool, tmp_path):
+    """A kernel on a side stream that never waits for the current one could run while the harness's
+    own work before the start mark does: the launch cover fills the device, so it cannot."""
+    fused = _evaluate(pool, RELU_ADD, _triton_solution(tmp_path, "turn4_fused"))
+    side = _evaluate(pool, RELU_ADD, _triton_solution(tmp_path, "side_stream_no_wait"))
+    assert fused.correct and side.correct, side.summary()
+    assert side.runtime_ms >= 0.8 * fused.runtime_ms, (side.runtime_ms, fused.runtime_ms)
+
+
+def _time_median_ms(fn, cover_us: float, calls: int = 20) -> float:
+    import statistics
+
+    from kernel_env.evaluators.timing import time_calls
+
+    times, _ = time_calls(fn, lambda seed: [], range(calls), torch.device("cuda:0"), warmup_seeds=range(3),
+                          launch_cover_us=cover_us)
+    return statistics.median(times)
+
+
+def test_launch_cover_hides_host_launch_time_up_to_its_length():
+    """A call whose host side takes 300 us before its kernel launches: timed with that delay when
+    nothing covers it, and as the kernel alone behind a 600 us launch cover."""
+    import time
+
+    x = torch.empty(1 << 26, device="cuda:0")  # 256 MB: one pass over it takes ~170 us on an H100
+
+    def kernel():
+        return x.mul_(0.5)
+
+    def slow_host_then_kernel():
+        deadline = time.perf_counter() + 300e-6
+        while time.perf_counter() < deadline:
+            pass
+        return x.mul_(0.5)
+
+    alone = _time_median_ms(kernel, 0.0)
+    bare = _time_median_ms(slow_host_then_kernel, 0.0)
+    covered = _time_median_ms(slow_host_then_kernel, 600.0)
+    assert bare > alone + 0.2, (alone, bare)               # nothing hides the host's 300 us without a cover
+    assert covered < alone * 1.1 + 0.01, (alone, covered)
+
+
+def test_nothing_runs_beside_the_launch_cover():
+    """Work launched on a stream of its own, that never waits for the timing stream, still starts
+    only after the start mark: the cover holds every SM."""
+    x = torch.empty(1 << 26, device="cuda:0")
+    side = torch.cuda.Stream()
+
+    def same_stream():
+        return x.mul_(0.5)
+
+    def side_stream():
+        with torch.cuda.stream(side):
+            return x.mul_(0.5)
+
+    same = _time_median_ms(same_stream, 400.0)
+    beside = _time_median_ms(side_stream, 400.0)
+    assert beside >= 0.8 * same, (same, beside)
