@@ -54,9 +54,15 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
      r"\b(?:py|pybind11)\s*::\s*(?:module_?\s*::\s*)?(?:import|eval\w*|exec\w*|globals|getattr|setattr|hasattr|"
      r"delattr|reinterpret_borrow|reinterpret_steal|module_?_?\s*::\s*import)\b|\.\s*attr\s*\(|\bimport\s*\(",
      "reaches into the Python interpreter (a binding only defines functions: `m.def(...)` with `pybind11::arg`)"),
-    (r"\b(?:fopen|freopen|open|openat|creat|mmap|mprotect|ptrace|process_vm_\w+|syscall|prctl|vfork|execv\w*|execl\w*)\s*\(|"
-     r"(?<![.>\w])clone\s*\(|\bstd::[io]?fstream\b",
-     "touches files, memory mappings or the process itself (open, mmap, mprotect, syscall, ...)"),
+    (r"\b(?:fopen|freopen|fdopen|open|openat|creat|mmap|mprotect|ptrace|process_vm_\w+|syscall|prctl|vfork|execv\w*|execl\w*)\s*\(|"
+     r"(?<![.>\w])(?:clone|read|write|pread\w*|pwrite\w*|readv|writev|send|sendto|sendmsg|recv|recvfrom|recvmsg|ioctl|dup[23]?)\s*\(|"
+     r"\bstd::[io]?fstream\b",
+     "touches files, file descriptors, memory mappings or the process itself (open, read/write, mmap, syscall, ...)"),
+)
+# Checked with string literals kept: inline assembly that enters the kernel (PTX has no such instruction).
+_NATIVE_RAW_RULES: tuple[tuple[str, str], ...] = (
+    (r"\bsyscall\b|\bsysenter\b|\bint\s+\$?0x80\b|\bsvc\s+#?0\b",
+     "makes system calls from inline assembly"),
 )
 # torch / ATen functions a binding may call: allocation, options, the stream and device guard.
 _ALLOWED_TORCH_CALLS = frozenset({
@@ -83,10 +89,14 @@ def check_sources(snapshot: Path) -> list[str]:
         rules = _PYTHON_RULES if path.suffix == ".py" else _NATIVE_RULES if path.suffix in (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp") else ()
         if not rules:
             continue
-        text = _code_only(path.read_text(errors="replace"), python=path.suffix == ".py")
+        raw = path.read_text(errors="replace")
+        text = _code_only(raw, python=path.suffix == ".py")
+        checks = [(pattern, why, text) for pattern, why in rules]
         if rules is _NATIVE_RULES:
             violations += _torch_calls(path.relative_to(snapshot), text)
-        for pattern, why in rules:
+            with_strings = _code_only(raw, python=False, keep_strings=True)
+            checks += [(pattern, why, with_strings) for pattern, why in _NATIVE_RAW_RULES]
+        for pattern, why, text in checks:
             for match in re.finditer(pattern, text, flags=re.MULTILINE):
                 line = text.count("\n", 0, match.start()) + 1
                 violations.append(f"{path.relative_to(snapshot)}:{line} {why}: `{match.group(0).strip()}`")
@@ -106,8 +116,9 @@ def _torch_calls(name: Path, text: str) -> list[str]:
     return []
 
 
-def _code_only(text: str, *, python: bool) -> str:
-    """The source with comments and string literals blanked (line numbers kept): rules apply to code."""
+def _code_only(text: str, *, python: bool, keep_strings: bool = False) -> str:
+    """The source with comments and string literals blanked (line numbers kept): rules apply to code.
+    ``keep_strings`` (native sources) blanks the comments alone."""
     if python:
         try:
             tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
@@ -127,6 +138,8 @@ def _code_only(text: str, *, python: bool) -> str:
         return "".join("".join(line) for line in blanked)
 
     def blank(match: re.Match) -> str:
+        if keep_strings and match.group(0).startswith('"'):
+            return match.group(0)
         return re.sub(r"[^\n]", " ", match.group(0))
 
     return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', blank, text, flags=re.DOTALL)

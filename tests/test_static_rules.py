@@ -70,7 +70,7 @@ def test_reaching_into_the_python_interpreter_from_a_binding_is_refused(tmp_path
 ], ids=["fopen", "ifstream", "mprotect", "syscall", "open"])
 def test_touching_files_or_the_process_from_native_code_is_refused(tmp_path, body):
     violations = check_sources(_snapshot(tmp_path, body))
-    assert any("touches files, memory mappings or the process" in v for v in violations), violations
+    assert any("touches files, file descriptors, memory mappings or the process" in v for v in violations), violations
 
 
 def test_a_tensor_clone_in_a_binding_is_not_mistaken_for_the_clone_system_call(tmp_path):
@@ -90,3 +90,27 @@ def test_the_rule_names_file_and_line(tmp_path):
     assert check_sources(snapshot) == [
         "kernels/other_binding.cpp:3 reaches into the Python interpreter (a binding only defines functions: "
         "`m.def(...)` with `pybind11::arg`): `PyEval_GetFrame(`"]
+
+
+@pytest.mark.parametrize("body", [
+    "write(5, reply, n);",
+    "::send(7, mark, 6, 0);",
+    "ssize_t got = read(0, line, sizeof line);",
+    'FILE* reply = fdopen(5, "w");',
+    "dup2(5, 1);",
+], ids=["write", "send", "read", "fdopen", "dup2"])
+def test_reading_or_writing_file_descriptors_from_native_code_is_refused(tmp_path, body):
+    """The harness's pipes and its marks socket are open in the candidate's process: a forged answer
+    or timing mark must not be one system call away."""
+    violations = check_sources(_snapshot(tmp_path, body))
+    assert any("file descriptors" in v for v in violations), violations
+
+
+def test_system_calls_in_inline_assembly_are_refused_even_inside_the_asm_string(tmp_path):
+    violations = check_sources(_snapshot(tmp_path, 'asm volatile("mov $1, %%rax; syscall" ::: "rax");'))
+    assert any("makes system calls from inline assembly" in v for v in violations), violations
+
+
+def test_inline_ptx_and_a_comment_about_syscalls_are_fine(tmp_path):
+    snapshot = _snapshot(tmp_path, '// no syscall is made here\n  asm volatile("membar.gl;");')
+    assert check_sources(snapshot) == []
