@@ -10,6 +10,7 @@ reference, applies the rules, and computes the reward.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -129,6 +130,9 @@ class _Evaluation:
     def run(self) -> None:
         if not (self.job.snapshot_dir / "model_new.py").is_file():
             self.fail("the workspace has no model_new.py", compiled=False)
+        foreign = _foreign_build(self.job.snapshot_dir)
+        if foreign:
+            self.fail(foreign, compiled=False)
         broken = check_sources(self.job.snapshot_dir)
         if broken:
             self.result.violations += broken
@@ -293,6 +297,26 @@ class _Evaluation:
         if not answer.get("ok"):
             self.fail(f"{doing} failed: {answer.get('error')}", log=child.log_tail())
         return answer
+
+
+def _foreign_build(snapshot: Path) -> str | None:
+    """Why the snapshot's built module cannot load here (built against another torch), or None.
+
+    Reads what the build wrote (build/build_info.json); it comes from the sandbox, so it only
+    turns an obscure import failure into a clear message and decides nothing else."""
+    if not list((snapshot / "build").glob("cuda_extension*.so")):
+        return None
+    try:
+        fd = os.open(snapshot / "build" / "build_info.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            built_with = json.loads(handle.read(1 << 20)).get("torch")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(built_with, str) and built_with != torch.__version__:
+        return (f"build/ holds a module built against torch {built_with[:40]}, but this GPU worker runs torch "
+                f"{torch.__version__}: an extension only loads into the torch it was built with. Build with the "
+                f"worker's torch (its sandbox image) and evaluate again")
+    return None
 
 
 def _load_tensors(path: Path):

@@ -187,7 +187,11 @@ class Runner:
         try:
             spec.loader.exec_module(module)
         except Exception as exc:
-            return {"error": _trimmed("importing model_new.py", exc, snapshot)}
+            error = _trimmed("importing model_new.py", exc, snapshot)
+            if "undefined symbol" in str(exc):
+                error += (f"\n(this worker runs torch {torch.__version__}: was build/ built against another torch? "
+                          "Run `bash utils/compile.sh` again.)")
+            return {"error": error}
         if not hasattr(module, "ModelNew"):
             return {"error": "model_new.py does not define ModelNew"}
         torch.manual_seed(req["init_seed"])

@@ -39,6 +39,10 @@ MAX_SNAPSHOT_BYTES = 256 << 20
 _REQUEST_LIMIT = 4096
 
 
+#: build/build_info.json, written by utils/build.py: the torch the module was built against, and its sources.
+BUILD_INFO = "build_info.json"
+
+
 class SnapshotError(Exception):
     pass
 
@@ -119,6 +123,9 @@ def _walk(dir_fd: int, rel: Path, dest: Path, digest, notes: list[str], budget: 
             data = _copy_regular(name, dir_fd, dest / path, budget)
             if data is not None:
                 digest.update(str(path).encode() + b"\0" + data)
+        elif stat.S_ISREG(info.st_mode) and only_module and name == BUILD_INFO:
+            # What the module says it was built against (not part of the hash: it changes with every build).
+            _copy_regular(name, dir_fd, dest / path, budget)
 
 
 def _stale_build_note(snapshot: Path) -> str | None:

@@ -722,6 +722,14 @@ def test_answers_computed_ahead_of_their_timed_calls_are_impossible(jobs, monkey
         f"{honest.runtime_ms:.4f} ms\n{why(result)}")
 
 
+def test_a_module_built_against_another_torch_is_refused_with_the_two_versions(jobs):
+    snapshot = jobs.snapshot("cpp", "honest")
+    (snapshot / "build" / "build_info.json").write_text('{"torch": "2.0.0+cu118", "kind": "cpp"}')
+    result = evaluate(make_job(snapshot, "cpp", Mode.VERIFY), baselines=jobs.baselines)
+    assert not result.correct and result.reward == -1.0 and not result.compiled
+    assert "built against torch 2.0.0+cu118" in result.error and torch.__version__ in result.error, result.error
+
+
 # ============================================================================ the broker: snapshots and protected files
 
 
@@ -787,6 +795,19 @@ def test_snapshot_never_follows_links_or_reads_special_files(triton_workspace, t
     assert not any("TOP SECRET" in p.read_text(errors="replace") for p in (tmp_path / "snap").rglob("*") if p.is_file())
     assert "ignored the symbolic link kernels/leak.py" in notes and "ignored the symbolic link kernels/etc" in notes
     assert "ignored the symbolic link build/cuda_extension.so" in notes
+
+
+def test_snapshot_carries_the_build_info_outside_its_hash(triton_workspace, tmp_path):
+    build = triton_workspace.path / "build"
+    build.mkdir()
+    (build / "cuda_extension.so").write_bytes(b"module")
+    (build / "build_info.json").write_text('{"torch": "2.0.0", "built_at": 1}')
+    (build / "build.ninja").write_text("rule cc\n")
+    first, _ = snapshot_workspace(triton_workspace, tmp_path / "one")
+    (build / "build_info.json").write_text('{"torch": "2.0.0", "built_at": 2}')
+    second, _ = snapshot_workspace(triton_workspace, tmp_path / "two")
+    assert sorted(p.name for p in (tmp_path / "two" / "build").iterdir()) == ["build_info.json", "cuda_extension.so"]
+    assert first == second
 
 
 def test_snapshot_of_a_linked_model_new_or_kernels_dir_has_neither(triton_workspace, tmp_path):
