@@ -7,7 +7,9 @@ sandbox's resource limits. Without bubblewrap it runs as a plain child process (
 sandbox has already warned about that).
 
 The parent speaks JSON lines to the child's stdin and reads answers from a private pipe;
-the child's stdout and stderr (the candidate's prints) go to a log file. Timing marks travel
+the child's stdout and stderr (the candidate's prints) go to a log file. Answers and marks
+are signed with a key the parent sends first, before the child imports anything under test
+(``runner.Channel``): the child's descriptors are open to the candidate's code, its key is not. Timing marks travel
 on a datagram socket of their own whose messages the kernel stamps when the child sends
 them, so the parent's clock bracket of a timed call does not depend on when the parent got
 to read them (a busy parent, with many episodes in one process, reads late).
@@ -15,8 +17,10 @@ to read them (a busy parent, with many episodes in one process, reads late).
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
+import secrets
 import selectors
 import signal
 import socket
@@ -95,6 +99,8 @@ class Child:
             self.proc = subprocess.Popen(argv, **options)
         os.close(write_fd)
         child_marks.close()
+        self._key = secrets.token_bytes(32)
+        self._send("start", self._key.hex())
 
     def _preexec(self) -> None:
         if self._cgroup is not None:
@@ -125,17 +131,24 @@ class Child:
 
         line = self._read_line(cmd, timeout, marks, on_marks)
         self._drain_marks(marks)  # every mark was sent before the answer, so all are queued by now
+        text, _, mac = line.decode("utf-8", "replace").rpartition("\t")
+        if not hmac.compare_digest(mac, self._sign(text)):
+            raise ChildError(f"the {self.role} process sent an answer to {cmd} that the harness did not write "
+                             "(something in it wrote to the harness's channel)")
         try:
-            answer = json.loads(line)
+            answer = json.loads(text)
         except json.JSONDecodeError:
             raise ChildError(f"the {self.role} process broke the protocol during {cmd}") from None
         if not isinstance(answer, dict):
             raise ChildError(f"the {self.role} process broke the protocol during {cmd}")
         return answer, marks
 
-    def _send(self, cmd: str, message: dict) -> None:
+    def _sign(self, text: str) -> str:
+        return hmac.digest(self._key, text.encode(), "sha256").hex()[:32]
+
+    def _send(self, cmd: str, message: dict | str) -> None:
         try:
-            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.write(((message if isinstance(message, str) else json.dumps(message)) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise ChildError(self._death_note(f"the {self.role} process died during {cmd}")) from None
@@ -175,9 +188,10 @@ class Child:
                 return
             stamp = next((struct.unpack("qq", raw[:16]) for level, kind, raw in ancillary
                           if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16), None)
-            kind, _, k = data.decode("ascii", "replace").partition(":")
-            if stamp is None or not k.isdigit():
-                marks.append(("malformed", -1, 0.0))
+            text, _, mac = data.decode("ascii", "replace").rpartition(":")
+            kind, _, k = text.partition(":")
+            if stamp is None or not k.isdigit() or not hmac.compare_digest(mac, self._sign(text)):
+                marks.append(("malformed", -1, 0.0))  # the clock check refuses a run with any
                 continue
             marks.append((kind, int(k), stamp[0] + stamp[1] * 1e-9))
 

@@ -2,9 +2,9 @@
 
 Started by the trusted harness (``evaluators/harness.py``) inside an isolated process with
 ``python -I -B runner.py reference|candidate``; it imports only torch (and Triton) and its
-sibling modules ``timing`` and ``guards``. Commands arrive as JSON lines on stdin, answers
-go out on the file descriptor named by ``KE_REPLY_FD`` (stdout and stderr belong to the
-code under test and are only logged). Tensors travel as files in the job's directories:
+sibling modules ``timing`` and ``guards``. Commands arrive as JSON lines on stdin (after a
+first line holding the key of ``Channel``), answers go out, signed, on the file descriptor
+named by ``KE_REPLY_FD`` (stdout and stderr belong to the code under test and are only logged). Tensors travel as files in the job's directories:
 the reference process writes reference outputs where the candidate process cannot see
 them; the candidate process never computes, loads or holds a reference output, so there
 is nothing for it to find in memory.
@@ -27,26 +27,47 @@ import torch  # noqa: E402
 import guards  # noqa: E402
 import timing  # noqa: E402
 
-_reply_fd = int(os.environ.get("KE_REPLY_FD", "1"))
-_reply = os.fdopen(os.dup(_reply_fd), "w", buffering=1)
+try:
+    from _hashlib import hmac_digest as _hmac_digest  # C: nothing the code under test patches reaches it
+except ImportError:  # Python built without OpenSSL
+    import hmac as _hmac
+
+    _hmac_digest = _hmac.digest
 _json_dumps = json.dumps
-# Timing marks go out on a datagram socket the kernel timestamps on send (see isolation.py).
-_mark_socket = socket.socket(fileno=int(os.environ["KE_MARK_FD"])) if "KE_MARK_FD" in os.environ else None
-_mark_send = _mark_socket.send if _mark_socket else None
 
 
-def mark(kind: str, k: int) -> None:
-    if _mark_send is not None:
-        _mark_send(f"{kind}:{k}".encode())
+class Channel:
+    """The runner's way to the parent: answers on the reply pipe (``KE_REPLY_FD``), timing marks
+    on a datagram socket the kernel timestamps on send (``KE_MARK_FD``, see isolation.py).
 
+    Both descriptors are open in the candidate's process, so each answer and mark carries an
+    HMAC under a key the parent sends as the very first line on stdin, before any code under
+    test is imported. The key lives only in the instance ``main`` keeps: a candidate that writes
+    to the descriptors itself forges nothing the parent accepts."""
 
-def reply(**payload) -> None:
-    _reply.write(_json_dumps(payload) + "\n")
-    _reply.flush()
+    def __init__(self, key: bytes):
+        self._key = key
+        self._reply = os.fdopen(os.dup(int(os.environ.get("KE_REPLY_FD", "1"))), "w", buffering=1)
+        marks = os.environ.get("KE_MARK_FD")
+        self._mark_send = socket.socket(fileno=int(marks)).send if marks else None
+
+    def _sign(self, text: str) -> str:
+        return _hmac_digest(self._key, text.encode(), "sha256").hex()[:32]
+
+    def reply(self, **payload) -> None:
+        text = _json_dumps(payload)
+        self._reply.write(f"{text}\t{self._sign(text)}\n")
+        self._reply.flush()
+
+    def mark(self, kind: str, k: int) -> None:
+        if self._mark_send is not None:
+            text = f"{kind}:{k}"
+            self._mark_send(f"{text}:{self._sign(text)}".encode())
 
 
 class Runner:
-    def __init__(self):
+    def __init__(self, channel: Channel):
+        self.channel = channel
         self.device = torch.device("cpu")
         self.task: dict = {}
         self.model = None
@@ -104,7 +125,7 @@ class Runner:
         times, prints = timing.time_calls(
             fn, self.make_inputs, _streamed_seeds(req), self.device, warmup_seeds=req.get("warmup_seeds", ()),
             flush_bytes=req["flush_bytes"], launch_cover_us=req.get("launch_cover_us", 0.0),
-            fp_seed=req["fp_seed"], signal=mark,
+            fp_seed=req["fp_seed"], signal=self.channel.mark,
             audit=audit, audit_at=req.get("audit_at", ()),
         )
         return {"times_ms": times, "fingerprints": prints}
@@ -333,7 +354,8 @@ def _trimmed(stage: str, exc: BaseException, snapshot: Path | None) -> str:
 
 def main() -> None:
     role = sys.argv[1]
-    runner = Runner()
+    channel = Channel(bytes.fromhex(sys.stdin.readline().strip()))
+    runner = Runner(channel)
     prefix = "cmd_ref_" if role == "reference" else "cmd_cand_"
     for line in sys.stdin:
         req = json.loads(line)
@@ -342,9 +364,9 @@ def main() -> None:
         try:
             if handler is None:
                 raise ValueError(f"unknown command {cmd}")
-            reply(ok=True, **handler(req))
+            channel.reply(ok=True, **handler(req))
         except BaseException as exc:  # the child's job is to report, the parent decides
-            reply(ok=False, error=_trimmed(cmd, exc, None), kind=type(exc).__name__)
+            channel.reply(ok=False, error=_trimmed(cmd, exc, None), kind=type(exc).__name__)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
 

@@ -23,20 +23,23 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
     (r"_is_profiler_enabled|torch\.profiler|autograd\.profiler|_kineto", "inspects the profiler"),
     (r"torch\.compile\b|torch\._dynamo|torch\._inductor|torch\.jit\.(script|trace)|torch\._C\b|torch\.ops\b|torch\._ops\b",
      "uses torch internals or a torch compiler (kernels must be your own)"),
-    (r"\bgc\b|sys\._getframe|\bsys\.(?!path\b)\w+|\binspect\b|\btraceback\b",
+    (r"\bgc\b|sys\._getframe|\bsys\.(?!path\b)\w+|\binspect\b|\btraceback\b|__traceback__|"
+     r"\b(?:tb_frame|tb_next|f_back|f_locals|f_globals|f_builtins|gi_frame|cr_frame|ag_frame)\b",
      "inspects the interpreter's objects, frames or modules"),
     (r"^\s*(import|from)\s+[^\n]*?\b(ctypes|_ctypes|threading|_thread|multiprocessing|concurrent|signal|importlib|builtins|"
      r"subprocess|socket|asyncio|mmap|resource|faulthandler|atexit|weakref|pickle|marshal|code|runpy|sys|gc|inspect|"
-     r"numpy|scipy|cupy|jax|numba|_C)\b(?<!\bsys\b)|^\s*from\s+sys\s+import\b|\b_C\b",
+     r"numpy|scipy|cupy|jax|numba|_C|__main__|timing|guards|runner|kernel_env|io|_io|posix|fcntl|pty|select|selectors|"
+     r"_socket|_hashlib|hmac)\b(?<!\bsys\b)|^\s*from\s+sys\s+import\b|\b_C\b|\b__main__\b",
      "imports a module or internal that reaches around the harness or computes outside your kernels "
-     "(threads, processes, ctypes, importlib, sys internals, torch._C, numpy, ...)"),
+     "(threads, processes, ctypes, importlib, sys internals, the harness's own modules, raw I/O, torch._C, "
+     "numpy, ...)"),
     (r"\b(__import__|globals|locals|vars|eval|exec|compile|getattr|setattr|delattr|breakpoint)\s*\(",
      "uses reflection or dynamic code (getattr/setattr/eval/exec/globals/vars/__import__)"),
     (r"\.__(dict|globals|class|bases|mro|subclasses|code|closure|builtins|func|self|wrapped|module|getattribute|setattr|init_subclass)__\b|\b__builtins__\b",
      "reaches into objects through dunder attributes"),
     (r"^\s*(torch|time|triton|math|os|sys)(\.\w+)+\s*=[^=]", "replaces attributes of torch, time, triton or the standard library"),
-    (r"\bos\.(environ|system|popen|fork|exec\w*|spawn\w*|kill|_exit|dup2?|open|read|write|putenv)\b|\bopen\s*\(",
-     "touches the process, its environment or files (os.environ, os.system, open, ...)"),
+    (r"\bos\.(?!path\b)\w+|\bopen\s*\(|\.\s*(?:write_text|write_bytes)\s*\(|\binput\s*\(",
+     "touches the process, its environment, its descriptors or files (os.environ, os.write, open, input, ...)"),
 )
 # C++/CUDA: torch operators (compute), the dispatcher's state, threads, run-time loading.
 _NATIVE_RULES: tuple[tuple[str, str], ...] = (
@@ -54,7 +57,8 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
      r"\b(?:py|pybind11)\s*::\s*(?:module_?\s*::\s*)?(?:import|eval\w*|exec\w*|globals|getattr|setattr|hasattr|"
      r"delattr|reinterpret_borrow|reinterpret_steal|module_?_?\s*::\s*import)\b|\.\s*attr\s*\(|\bimport\s*\(",
      "reaches into the Python interpreter (a binding only defines functions: `m.def(...)` with `pybind11::arg`)"),
-    (r"\b(?:fopen|freopen|fdopen|open|openat|creat|mmap|mprotect|ptrace|process_vm_\w+|syscall|prctl|vfork|execv\w*|execl\w*)\s*\(|"
+    (r"\b(?:fopen|freopen|fdopen|open|openat|creat|mmap|mprotect|ptrace|process_vm_\w+|syscall|prctl|vfork|execv\w*|execl\w*|"
+     r"symlink\w*|link|linkat|mkfifo\w*|mknod\w*|unlink\w*|rename\w*)\s*\(|"
      r"(?<![.>\w])(?:clone|read|write|pread\w*|pwrite\w*|readv|writev|send|sendto|sendmsg|recv|recvfrom|recvmsg|ioctl|dup[23]?)\s*\(|"
      r"\bstd::[io]?fstream\b",
      "touches files, file descriptors, memory mappings or the process itself (open, read/write, mmap, syscall, ...)"),

@@ -86,7 +86,7 @@ TRITON_VERIFY = [
     "view_of_input", "uninit", "stale_buffer", "patch_timers", "patch_timers_aliased", "patch_torch_checks",
     "patch_rng", "thread_deferred", "thread_left_running", "thread_left_running_evasive", "loosen_tolerance",
     "exit_in_forward", "sys_exit_in_forward", "exit_at_import", "sys_exit_at_import", "huge_alloc",
-    "subclass_output", "read_reference", "symlink_to_ref", "bad_trial_file",
+    "subclass_output", "read_reference",
 ]
 CPP_VERIFY = [
     "honest", "joined_std_threads", "torch_ops", "torch_ops_direct", "torch_ops_direct_evasive", "torch_ops_hidden",
@@ -578,23 +578,33 @@ def test_an_endless_loop_in_forward_ends_at_the_configured_timeout(jobs):
 # ============================================================================ reaching the reference
 
 
+@pytest.fixture
+def past_rules(jobs, monkeypatch):
+    """For attacks on what the harness does at run time: the source rules, which refuse each such
+    attack's spelling before anything runs, are switched off (after every background job has ended)."""
+    jobs.wait_all()
+    monkeypatch.setattr(harness, "check_sources", lambda snapshot: [])
+
+
 def test_reference_outputs_cannot_be_found_on_disk(jobs):
     assert_rejected(jobs.verify("triton", "read_reference"), "elements outside")
 
 
-def test_links_from_the_candidate_directory_to_the_reference_are_not_followed(jobs):
+def test_links_from_the_candidate_directory_to_the_reference_are_not_followed(jobs, past_rules):
     # cand_trial_i.pt -> ../ref/ref_trial_i.pt is valid in the parent's job directory: followed, the parent
     # would compare the reference with itself (this slipped through before the harness read with O_NOFOLLOW).
-    assert_rejected(jobs.verify("triton", "symlink_to_ref"), "could not be read back", "elements outside")
+    assert_rejected(jobs._evaluate("triton", "symlink_to_ref", Mode.VERIFY), "could not be read back", "elements outside")
 
 
-def test_a_candidate_planted_trial_file_is_an_error_result_not_an_exception(jobs):
-    future = jobs._submit("triton", "bad_trial_file")
-    assert future.exception() is None, f"evaluate() raised {future.exception()!r}"
-    assert_rejected(future.result(), "trial", "output")
+def test_a_candidate_planted_trial_file_is_an_error_result_not_an_exception(jobs, past_rules):
+    try:
+        result = jobs._evaluate("triton", "bad_trial_file", Mode.VERIFY)
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"evaluate() raised {exc!r} instead of returning a result")
+    assert_rejected(result, "trial", "output")
 
 
-def test_a_fifo_planted_in_the_candidate_directory_does_not_hang_the_parent(jobs):
+def test_a_fifo_planted_in_the_candidate_directory_does_not_hang_the_parent(jobs, past_rules):
     job = make_job(jobs.snapshot("triton", "fifo_hang"), "triton", Mode.VERIFY)
     run = Deadline(job, jobs.baselines, 60.0, open_fifo)
     assert run.answered_in_time, f"evaluate() was still blocked after {run.elapsed:.0f}s"
@@ -710,16 +720,19 @@ def test_a_rewritten_runner_cannot_earn_a_speed_reward(jobs):
     assert result.reward == -1.0, why(result)
 
 
-def test_answers_computed_ahead_of_their_timed_calls_are_impossible(jobs, monkeypatch):
-    """With the source rules out of the way, a candidate that reads the timing run's seeds from the
-    harness's frames finds only the current call's: it cannot compute later calls in advance."""
+def test_answers_computed_ahead_of_their_timed_calls_are_impossible(jobs, past_rules):
+    """A candidate that reads the timing run's seeds from the harness's frames finds only the
+    current call's: it cannot compute later calls in advance."""
     honest = jobs.timed("triton", "honest")
-    monkeypatch.setattr(harness, "check_sources", lambda snapshot: [])
     result = jobs.timed("triton", "precompute_ahead")
     assert_honest(result)
     assert result.runtime_ms >= 0.5 * honest.runtime_ms, (
         f"answers handed back from an earlier call: {result.runtime_ms:.4f} ms against the honest kernel's "
         f"{honest.runtime_ms:.4f} ms\n{why(result)}")
+
+
+def test_answers_written_to_the_harness_pipe_by_the_candidate_are_refused(jobs, past_rules):
+    assert_rejected(jobs._evaluate("triton", "forge_answers", Mode.VERIFY), "that the harness did not write")
 
 
 def test_a_module_built_against_another_torch_is_refused_with_the_two_versions(jobs):

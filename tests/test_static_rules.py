@@ -114,3 +114,30 @@ def test_system_calls_in_inline_assembly_are_refused_even_inside_the_asm_string(
 def test_inline_ptx_and_a_comment_about_syscalls_are_fine(tmp_path):
     snapshot = _snapshot(tmp_path, '// no syscall is made here\n  asm volatile("membar.gl;");')
     assert check_sources(snapshot) == []
+
+
+def _python(tmp_path: Path, code: str) -> list[str]:
+    snapshot = tmp_path / "python"
+    snapshot.mkdir()
+    (snapshot / "model_new.py").write_text("import torch\nimport torch.nn as nn\n\n" + code + "\n")
+    return check_sources(snapshot)
+
+
+@pytest.mark.parametrize("code", [
+    "import __main__",
+    "import timing",
+    "from guards import Integrity",
+    "import io",
+    "from posix import write",
+    "line = input()",
+    "os.write(7, b'end:0')",
+    "os.fdopen(7, 'w')",
+    "frame = error.__traceback__.tb_frame.f_back",
+    "Path('/proc/self/fd/7').write_text('{}')",
+], ids=["__main__", "timing", "guards", "io", "posix", "input", "os.write", "os.fdopen", "traceback-frames", "write_text"])
+def test_python_ways_to_the_harness_channel_and_frames_are_refused(tmp_path, code):
+    assert _python(tmp_path, code), code
+
+
+def test_os_path_and_reading_a_file_are_still_fine(tmp_path):
+    assert _python(tmp_path, "HERE = os.path.dirname(__file__)\nSOURCE = Path(HERE, 'kernels', 'k.py').read_text()") == []
