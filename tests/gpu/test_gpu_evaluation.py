@@ -104,6 +104,16 @@ def test_side_stream_work_that_does_not_wait_is_timed_honestly(pool, tmp_path):
     assert side.runtime_ms >= 0.8 * fused.runtime_ms, (side.runtime_ms, fused.runtime_ms)
 
 
+def test_torch_in_calls_that_find_the_device_busy_is_caught(pool, tmp_path):
+    """Audited calls of the timing run meet the device as timed calls do (the cover running), so
+    a candidate that uses torch whenever the stream is busy is audited doing it."""
+    task = Task(id="example/relu_add_1M", source="example",
+                code=resolve_task("example/relu_add").code.replace("N = 1 << 24", "N = 1 << 20"))
+    result = _evaluate(pool, task, _triton_solution(tmp_path, "busy_stream_detector"), mode=Mode.PROFILE)
+    assert result.reward == -1, result.summary()
+    assert any("torch computes" in v for v in result.violations), result.violations
+
+
 def _time_median_ms(fn, cover_us: float, calls: int = 20) -> float:
     import statistics
 
