@@ -38,6 +38,11 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
     (r"\.__(dict|globals|class|bases|mro|subclasses|code|closure|builtins|func|self|wrapped|module|getattribute|setattr|init_subclass)__\b|\b__builtins__\b",
      "reaches into objects through dunder attributes"),
     (r"^\s*(torch|time|triton|math|os|sys)(\.\w+)+\s*=[^=]", "replaces attributes of torch, time, triton or the standard library"),
+    # A clock lets code time its own torch calls and so tell the audited calls (slower under the
+    # audit's dispatch mode) from the timed ones; timing is the harness's job.
+    (r"\btime\.(?!sleep\b)\w+|\b(?:perf_counter|monotonic|process_time|thread_time|clock_gettime)\w*\b|\bdatetime\b|"
+     r"\belapsed_time\b|\benable_timing\b|\bdo_bench\w*\b|\btimeit\b|^\s*from\s+time\s+import\b",
+     "reads a clock (timing is the evaluator's job; a clock in forward is a way to tell audited calls from timed ones)"),
     (r"\bos\.(?!path\b)\w+|\bopen\s*\(|\.\s*(?:write_text|write_bytes)\s*\(|\binput\s*\(",
      "touches the process, its environment, its descriptors or files (os.environ, os.write, open, input, ...)"),
 )
@@ -57,6 +62,8 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
      r"\b(?:py|pybind11)\s*::\s*(?:module_?\s*::\s*)?(?:import|eval\w*|exec\w*|globals|getattr|setattr|hasattr|"
      r"delattr|reinterpret_borrow|reinterpret_steal|module_?_?\s*::\s*import)\b|\.\s*attr\s*\(|\bimport\s*\(",
      "reaches into the Python interpreter (a binding only defines functions: `m.def(...)` with `pybind11::arg`)"),
+    (r"std::chrono|\b(?:clock_gettime|gettimeofday|__rdtsc|rdtsc|cudaEventElapsedTime|clock|clock64|time)\s*\(",
+     "reads a clock (timing is the evaluator's job; a clock is a way to tell audited calls from timed ones)"),
     (r"\b(?:fopen|freopen|fdopen|open|openat|creat|mmap|mprotect|ptrace|process_vm_\w+|syscall|prctl|vfork|execv\w*|execl\w*|"
      r"symlink\w*|link|linkat|mkfifo\w*|mknod\w*|unlink\w*|rename\w*)\s*\(|"
      r"(?<![.>\w])(?:clone|read|write|pread\w*|pwrite\w*|readv|writev|send|sendto|sendmsg|recv|recvfrom|recvmsg|ioctl|dup[23]?)\s*\(|"

@@ -83,7 +83,7 @@ TRITON_VERIFY = [
     "torch_dispatch_disabled_evasive",
     "audit_patched", "audit_patched_evasive", "audit_base_patched", "runner_patched", "runner_patched_evasive",
     "mutate_input",
-    "view_of_input", "uninit", "stale_buffer", "patch_timers", "patch_timers_aliased", "patch_torch_checks",
+    "view_of_input", "uninit", "stale_buffer", "patch_timers", "patch_torch_checks",
     "patch_rng", "thread_deferred", "thread_left_running", "thread_left_running_evasive", "loosen_tolerance",
     "exit_in_forward", "sys_exit_in_forward", "exit_at_import", "sys_exit_at_import", "huge_alloc",
     "subclass_output", "read_reference",
@@ -522,8 +522,8 @@ def test_patched_timers_are_rejected(jobs):
     assert_rejected(jobs.verify("triton", "patch_timers"), "time.perf_counter")
 
 
-def test_patched_timers_through_aliases_are_reported_by_the_integrity_check(jobs):
-    result = jobs.verify("triton", "patch_timers_aliased")
+def test_patched_timers_through_aliases_are_reported_by_the_integrity_check(jobs, past_rules):
+    result = jobs._evaluate("triton", "patch_timers_aliased", Mode.VERIFY)
     assert_rejected(result, "ModelNew changed the harness: time.perf_counter_ns was replaced")
     assert "torch.cuda.Event was replaced" in why(result)
 

@@ -141,3 +141,28 @@ def test_python_ways_to_the_harness_channel_and_frames_are_refused(tmp_path, cod
 
 def test_os_path_and_reading_a_file_are_still_fine(tmp_path):
     assert _python(tmp_path, "HERE = os.path.dirname(__file__)\nSOURCE = Path(HERE, 'kernels', 'k.py').read_text()") == []
+
+
+@pytest.mark.parametrize("code", [
+    "start = time.perf_counter()",
+    "from time import perf_counter_ns",
+    "ms = begin.elapsed_time(end)",
+    "event = torch.cuda.Event(enable_timing=True)",
+    "from triton.testing import do_bench",
+], ids=["perf_counter", "from-time-import", "elapsed_time", "enable_timing", "do_bench"])
+def test_clocks_in_python_are_refused(tmp_path, code):
+    assert any("reads a clock" in v for v in _python(tmp_path, "import time\n" + code)), code
+
+
+def test_sleeping_is_not_reading_a_clock(tmp_path):
+    assert _python(tmp_path, "import time\ntime.sleep(0)") == []
+
+
+@pytest.mark.parametrize("body", [
+    "auto t0 = std::chrono::steady_clock::now();",
+    "unsigned long long t = __rdtsc();",
+    "cudaEventElapsedTime(&ms, a, b);",
+    "timespec ts; clock_gettime(1, &ts);",
+], ids=["chrono", "rdtsc", "event-elapsed", "clock_gettime"])
+def test_clocks_in_native_code_are_refused(tmp_path, body):
+    assert any("reads a clock" in v for v in check_sources(_snapshot(tmp_path, body))), body

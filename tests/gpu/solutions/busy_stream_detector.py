@@ -1,5 +1,3 @@
-import time
-
 import torch
 import torch.nn as nn
 import triton
@@ -20,9 +18,8 @@ class ModelNew(nn.Module):
     the torch. Must be rejected."""
 
     def forward(self, x, y):
-        settle = time.perf_counter() + 50e-6  # longer than making these inputs takes, shorter than the cover
-        while time.perf_counter() < settle:
-            pass
+        for _ in range(1000):  # some tens of microseconds (no clock: the source rules refuse one):
+            pass               # longer than making these inputs takes, shorter than the cover
         if torch.cuda.current_stream().query():
             out = torch.empty_like(x)
             kernel[(triton.cdiv(x.numel(), 4096),)](x, y, out, x.numel(), BLOCK=4096, num_warps=8)
