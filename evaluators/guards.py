@@ -38,8 +38,14 @@ ALLOWED_ATEN = frozenset({
 })
 
 
+#: Copies of more elements than this from the GPU to the host are data leaving for a host-side
+#: computation (which the copy engines could even overlap with the launch cover), not a size read.
+HOST_COPY_LIMIT = 1024
+
+
 class TorchComputeAudit(TorchDispatchMode):
-    """Records the computing ATen operators run while active."""
+    """Records the computing ATen operators run while active, and copies of data from the GPU
+    to the host (the skill wants the outputs computed on the device)."""
 
     def __init__(self):
         super().__init__()
@@ -49,7 +55,23 @@ class TorchComputeAudit(TorchDispatchMode):
         name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
         if name not in ALLOWED_ATEN:
             self.forbidden[name] = self.forbidden.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if name in ("_to_copy", "copy_", "_copy_from", "_copy_from_and_resize") and _copies_to_host(name, args, out):
+            key = f"{name} from the GPU to the host"
+            self.forbidden[key] = self.forbidden.get(key, 0) + 1
+        return out
+
+
+def _copies_to_host(name: str, args, out) -> bool:
+    """Whether a copy op moved more than HOST_COPY_LIMIT elements from a CUDA tensor into a CPU one."""
+    if name == "_to_copy":
+        source, target = (args[0] if args else None), out
+    elif name == "copy_":
+        target, source = (args[0], args[1]) if len(args) > 1 else (None, None)
+    else:  # _copy_from(self, dst)
+        source, target = (args[0], args[1]) if len(args) > 1 else (None, None)
+    return (isinstance(source, torch.Tensor) and isinstance(target, torch.Tensor) and source.device.type == "cuda"
+            and target.device.type == "cpu" and source.numel() > HOST_COPY_LIMIT)
 
 
 class KernelLaunchCounter:

@@ -62,6 +62,9 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
      r"\b(?:py|pybind11)\s*::\s*(?:module_?\s*::\s*)?(?:import|eval\w*|exec\w*|globals|getattr|setattr|hasattr|"
      r"delattr|reinterpret_borrow|reinterpret_steal|module_?_?\s*::\s*import)\b|\.\s*attr\s*\(|\bimport\s*\(",
      "reaches into the Python interpreter (a binding only defines functions: `m.def(...)` with `pybind11::arg`)"),
+    (r"\bcudaMemcpy\w*DeviceToHost\b|\bcudaMemcpyDefault\b|\bcuMemcpyDtoH\w*|\bcudaMemcpyFromSymbol\w*|\bcudaMallocHost\b|"
+     r"\bcudaHostAlloc\b|\bcudaHostRegister\b|\bcudaMallocManaged\b|\bcudaHostGetDevicePointer\b|\.\s*cpu\s*\(",
+     "moves data from the GPU to the host or maps host memory (the outputs must be computed on the device)"),
     (r"std::chrono|\b(?:clock_gettime|gettimeofday|__rdtsc|rdtsc|cudaEventElapsedTime|clock|clock64|time)\s*\(",
      "reads a clock (timing is the evaluator's job; a clock is a way to tell audited calls from timed ones)"),
     (r"\b(?:fopen|freopen|fdopen|open|openat|creat|mmap|mprotect|ptrace|process_vm_\w+|syscall|prctl|vfork|execv\w*|execl\w*|"

@@ -166,3 +166,19 @@ def test_sleeping_is_not_reading_a_clock(tmp_path):
 ], ids=["chrono", "rdtsc", "event-elapsed", "clock_gettime"])
 def test_clocks_in_native_code_are_refused(tmp_path, body):
     assert any("reads a clock" in v for v in check_sources(_snapshot(tmp_path, body))), body
+
+
+@pytest.mark.parametrize("body", [
+    "cudaMemcpyAsync(host, x.data_ptr<float>(), bytes, cudaMemcpyDeviceToHost, stream);",
+    "cudaMemcpy(host, device, bytes, cudaMemcpyDefault);",
+    "cudaHostAlloc(&host, bytes, 0);",
+    "cudaMallocManaged(&shared, bytes);",
+    "torch::Tensor on_host = x.cpu();",
+], ids=["d2h", "default", "host-alloc", "managed", "cpu"])
+def test_moving_data_to_the_host_in_native_code_is_refused(tmp_path, body):
+    assert any("from the GPU to the host" in v for v in check_sources(_snapshot(tmp_path, body))), body
+
+
+def test_copying_a_table_to_the_device_is_fine(tmp_path):
+    body = "cudaMemcpyAsync(device_table, host_table, bytes, cudaMemcpyHostToDevice, stream);"
+    assert check_sources(_snapshot(tmp_path, body)) == []

@@ -114,6 +114,20 @@ def test_torch_in_calls_that_find_the_device_busy_is_caught(pool, tmp_path):
     assert any("torch computes" in v for v in result.violations), result.violations
 
 
+def test_the_audit_sees_data_leave_the_gpu_but_not_a_size_read():
+    from kernel_env.evaluators.guards import TorchComputeAudit
+
+    x = torch.randn(1 << 16, device="cuda:0")
+    audit = TorchComputeAudit()
+    with audit:
+        x[:4].cpu()                      # a few values for a launch configuration
+        x.to("cuda:0", copy=True)        # stays on the device
+    assert audit.forbidden == {}, audit.forbidden
+    with audit:
+        x.cpu()                          # the data, off to a host-side computation
+    assert audit.forbidden == {"_to_copy from the GPU to the host": 1}, audit.forbidden
+
+
 def _time_median_ms(fn, cover_us: float, calls: int = 20) -> float:
     import statistics
 
