@@ -17,7 +17,6 @@ import shutil
 import socket
 import stat
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 
 from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.compare import compare_outputs
-from kernel_env.evaluators.isolation import Child, ChildError
+from kernel_env.evaluators.isolation import Child, ChildError, Spares, warm_children
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode, Timing, TrialReport
 from kernel_env.evaluators.reward import reward as compute_reward
 from kernel_env.evaluators.static_rules import check_sources
@@ -64,13 +63,13 @@ def evaluate(job: EvalJob, *, device: str | None = None, baselines: BaselineCach
     device = device or ("cuda:0" if job.device == "cuda" else "cpu")
     result = EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
                         ran_on=f"{socket.gethostname()}/{device}", mode=job.mode, snapshot_hash=job.snapshot_hash)
-    job_dir = Path(tempfile.mkdtemp(prefix=f"job-{job.job_id}-"))
+    evaluation = _Evaluation(job, result, device, baselines or BaselineCache())
     try:
-        _Evaluation(job, result, job_dir, device, baselines or BaselineCache()).run()
+        evaluation.run()
     except JobFailed:
         pass
     finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
+        evaluation.finish()
     if result.error or result.violations:
         result.correct = False
     s = job.settings
@@ -84,14 +83,13 @@ def measure_baselines(task_id: str, task_code: str, *, device: str = "cpu", base
     """Fill the baseline cache for one task (eager and torch.compile, the candidates' protocol).
 
     Returns an EvalResult carrying only ``eager``/``compiled_baseline`` (or ``error``)."""
-    job_dir = Path(tempfile.mkdtemp(prefix="baseline-"))
     job = EvalJob(job_id="baseline", task_id=task_id, task_code=task_code, language="cpp", device=device.split(":")[0],
-                  mode=Mode.PROFILE, snapshot_dir=job_dir, settings=settings or EvalSettings())
+                  mode=Mode.PROFILE, snapshot_dir=Path("/nonexistent"), settings=settings or EvalSettings())
     result = EvalResult(job_id=job.job_id, task_id=task_id, language="-", device=job.device, mode=Mode.PROFILE)
-    evaluation = _Evaluation(job, result, job_dir, device if ":" in device or device == "cpu" else f"{device}:0",
+    evaluation = _Evaluation(job, result, device if ":" in device or device == "cpu" else f"{device}:0",
                              baselines or BaselineCache())
-    child = Child("reference", job_dir, ro_binds={}, rw_binds={"/job/ref": job_dir / "ref"}, env=evaluation.env, gpu=evaluation.gpu)
     try:
+        child = evaluation.child("reference")
         setup = evaluation._ask(child, "setup", "running the reference task", device=evaluation.child_device,
                                 out_dir=child.path("/job/ref"), task_code=task_code)
         result.device_name = setup["device_name"]
@@ -102,15 +100,19 @@ def measure_baselines(task_id: str, task_code: str, *, device: str = "cpu", base
     except JobFailed:
         pass
     finally:
-        child.close()
-        shutil.rmtree(job_dir, ignore_errors=True)
+        evaluation.finish()
     return result
 
 
+#: Children started ahead of their jobs, for this process's jobs (see isolation.Spares).
+_SPARES = Spares()
+
+
 class _Evaluation:
-    def __init__(self, job: EvalJob, result: EvalResult, job_dir: Path, device: str, baselines: BaselineCache):
-        self.job, self.result, self.dir, self.device, self.baselines = job, result, job_dir, device, baselines
+    def __init__(self, job: EvalJob, result: EvalResult, device: str, baselines: BaselineCache):
+        self.job, self.result, self.device, self.baselines = job, result, device, baselines
         self.s = job.settings
+        self.children: list[Child] = []
         self.language = get_language(job.language)
         self.timed = job.mode in (Mode.PROFILE, Mode.FINAL)
         self.gpu = device.startswith("cuda")
@@ -118,8 +120,25 @@ class _Evaluation:
         if not self.gpu and self.language.name == "triton":
             self.env["TRITON_INTERPRET"] = "1"
         self.child_device = "cuda:0" if self.gpu else "cpu"
-        for name in ("ref", "cand"):
-            (job_dir / name).mkdir()
+        self.warm = warm_children(self.gpu)
+
+    def child(self, role: str) -> Child:
+        """This job's ``role`` child: a spare when warm children are on, else one started now."""
+        label = f"job-{self.job.job_id}"
+        if self.warm:
+            child = _SPARES.take(role, env=self.env, gpu=self.gpu, label=label)
+        else:
+            child = Child.spawn(role, env=self.env, gpu=self.gpu, label=label)
+        self.children.append(child)
+        return child
+
+    def finish(self) -> None:
+        """End the job's children, remove their folders, and have spares ready for the next job."""
+        for child in self.children:
+            child.discard()
+        if self.warm:
+            for role in dict.fromkeys(child.role for child in self.children):
+                _SPARES.prepare(role, env=self.env, gpu=self.gpu)
 
     def fail(self, message: str, *, compiled: bool = True, log: str = "") -> None:
         self.result.error = message
@@ -148,13 +167,14 @@ class _Evaluation:
     # ------------------------------------------------------------------ reference
 
     def run_reference(self, trial_seeds, checked_seeds, fp_seed, init_seed) -> dict:
-        child = Child("reference", self.dir, ro_binds={}, rw_binds={"/job/ref": self.dir / "ref"}, env=self.env, gpu=self.gpu)
+        child = self.child("reference")
+        self.ref_dir = child.host_paths["/job/ref"]
         try:
             return self._reference_steps(child, trial_seeds, checked_seeds, fp_seed, init_seed)
         except ChildError as exc:
             self.fail(f"the reference task failed, not your code: {exc}", log=child.log_tail())
         finally:
-            child.close()
+            child.close()  # its outputs stay in its folder until finish()
 
     def _reference_steps(self, child: Child, trial_seeds, checked_seeds, fp_seed, init_seed) -> dict:
         setup = self._ask(child, "setup", "running the reference task", device=self.child_device,
@@ -192,10 +212,12 @@ class _Evaluation:
 
     def run_candidate(self, trial_seeds, timed_seeds, checked, fp_seed, init_seed, reference) -> None:
         s, result = self.s, self.result
+        child = self.child("candidate")
+        self.cand_dir = child.host_paths["/job/cand"]
         for name in ("init_inputs.pt", "state_dict.pt"):
-            shutil.copy2(self.dir / "ref" / name, self.dir / "cand" / name)
-        child = Child("candidate", self.dir, ro_binds={"/job/snapshot": self.job.snapshot_dir.resolve()},
-                      rw_binds={"/job/cand": self.dir / "cand"}, env=self.env, gpu=self.gpu)
+            shutil.copy2(self.ref_dir / name, self.cand_dir / name)
+        # The snapshot is the broker's copy (regular files only); the child sees this copy read-only.
+        shutil.copytree(self.job.snapshot_dir, child.host_paths["/job/snapshot"], symlinks=True, dirs_exist_ok=True)
         try:
             self._ask(child, "setup", "starting the candidate process", device=self.child_device,
                       out_dir=child.path("/job/cand"), task_code=self.job.task_code)
@@ -227,9 +249,9 @@ class _Evaluation:
             if cand["non_tensor_outputs"]:
                 result.trials.append(TrialReport(trial=index, correct=False, message=f"returned {', '.join(cand['non_tensor_outputs'])} instead of plain tensors"))
                 break
-            expected = _load_tensors(self.dir / "ref" / f"ref_trial_{index}.pt")
+            expected = _load_tensors(self.ref_dir / f"ref_trial_{index}.pt")
             try:
-                got = _load_tensors(self.dir / "cand" / f"cand_trial_{index}.pt")
+                got = _load_tensors(self.cand_dir / f"cand_trial_{index}.pt")
             except (OSError, ValueError, RuntimeError, EOFError) as exc:
                 self.fail(f"the output of trial {index + 1} could not be read back ({type(exc).__name__}: {exc}); "
                           "the candidate process must not touch the harness's files")

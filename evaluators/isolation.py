@@ -17,24 +17,35 @@ to read them (a busy parent, with many episodes in one process, reads late).
 
 from __future__ import annotations
 
+import atexit
 import hmac
 import json
 import os
 import secrets
 import selectors
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
 
 from kernel_env.sandbox.bwrap import PidNamespace, base_argv, bubblewrap_problem, gpu_device_binds, spawn
 from kernel_env.sandbox.limits import Cgroup, Limits
 
 RUNNER_DIR = Path(__file__).resolve().parent
+#: What each role's child sees of its job (read-only, writable): the reference writes its outputs
+#: where the candidate never looks; the candidate reads the snapshot and writes its own outputs.
+ROLE_DIRS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "reference": ((), ("/job/ref",)),
+    "candidate": (("/job/snapshot",), ("/job/cand",)),
+}
 # Receive timestamps of the marks socket (SCM_TIMESTAMPNS == SO_TIMESTAMPNS; 35 on x86-64 and arm64).
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 
@@ -53,6 +64,9 @@ class Child:
     def __init__(self, role: str, job_dir: Path, *, ro_binds: dict[str, Path], rw_binds: dict[str, Path],
                  env: dict[str, str], gpu: bool, limits: Limits | None = None):
         self.role = role
+        self.folder: Path | None = None  # set by spawn(): the folder the child's directories live in
+        self.host_paths = {target: Path(source) for target, source in {**ro_binds, **rw_binds}.items()}
+        self._closed = False
         self.log_path = job_dir / f"{role}.log"
         # CUDA maps a huge address space, so the per-process cap is off; the cgroup bounds real
         # memory to most of this machine's, so a runaway candidate cannot take the host down.
@@ -101,6 +115,25 @@ class Child:
         child_marks.close()
         self._key = secrets.token_bytes(32)
         self._send("start", self._key.hex())
+
+    @classmethod
+    def spawn(cls, role: str, *, env: dict[str, str], gpu: bool, label: str = "ke") -> Child:
+        """A ``role`` child (see ROLE_DIRS) in a new folder of its own, ``label-role-XXXX`` under the
+        temporary directory; ``host_paths`` says where the host sees each of its directories, and
+        ``discard()`` removes the folder with the process."""
+        folder = Path(tempfile.mkdtemp(prefix=f"{label}-{role}-"))
+        read_only, writable = ROLE_DIRS[role]
+        binds = {target: folder / PurePosixPath(target).name for target in (*read_only, *writable)}
+        for directory in binds.values():
+            directory.mkdir()
+        try:
+            child = cls(role, folder, ro_binds={t: binds[t] for t in read_only}, rw_binds={t: binds[t] for t in writable},
+                        env=env, gpu=gpu)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        child.folder = folder
+        return child
 
     def _preexec(self) -> None:
         if self._cgroup is not None:
@@ -227,6 +260,10 @@ class Child:
         self.proc.wait()
 
     def close(self) -> None:
+        """End the process (its folder, if it has one, stays: see ``discard``)."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self.proc.stdin.close()
         except OSError:
@@ -241,3 +278,71 @@ class Child:
         self._log.close()
         if self._cgroup is not None:
             self._cgroup.destroy()
+
+    def discard(self) -> None:
+        """End the process and remove its folder (when ``spawn`` made one)."""
+        self.close()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def warm_children(gpu: bool) -> bool:
+    """Whether jobs take children started ahead of them (``Spares``): on GPU devices, unless
+    KERNEL_ENV_WARM_CHILDREN=0; on the CPU only with KERNEL_ENV_WARM_CHILDREN=1, since a spare
+    importing torch in the background would take CPU from a CPU timing."""
+    setting = os.environ.get("KERNEL_ENV_WARM_CHILDREN", "")
+    return setting == "1" or (gpu and setting != "0")
+
+
+class Spares:
+    """Evaluation children started ahead of their jobs, one per (role, environment) at most.
+
+    A spare is a ``Child.spawn`` like any other: its own sandbox, its own empty directories, its
+    own key, and it serves exactly one job (a CUDA fault or anything a candidate left behind ends
+    with it). What it has done ahead of time is to start Python and import torch, Triton and
+    torch._dynamo, before any job's file exists or CUDA is touched, so a job that takes it waits
+    for none of that. ``prepare`` (at the end of a job) starts the next one in the background."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[tuple, Future[Child]] = {}
+        self._closed = False
+        self._starter = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kernel_env-spare")
+        atexit.register(self.close)
+
+    @staticmethod
+    def _key(role: str, env: dict[str, str], gpu: bool) -> tuple:
+        return role, tuple(sorted(env.items())), gpu
+
+    def take(self, role: str, *, env: dict[str, str], gpu: bool, label: str) -> Child:
+        """A spare for this role and environment if one is alive, else a child started now."""
+        with self._lock:
+            waiting = self._waiting.pop(self._key(role, env, gpu), None)
+        if waiting is not None:
+            try:
+                child = waiting.result()
+            except Exception:  # noqa: BLE001 - it could not start; start one the plain way
+                child = None
+            if child is not None and child.proc.poll() is None:
+                return child
+            if child is not None:
+                child.discard()
+        return Child.spawn(role, env=env, gpu=gpu, label=label)
+
+    def prepare(self, role: str, *, env: dict[str, str], gpu: bool) -> None:
+        """Start a spare for this role and environment in the background, unless one is there."""
+        key = self._key(role, env, gpu)
+        with self._lock:
+            if self._closed or key in self._waiting:
+                return
+            self._waiting[key] = self._starter.submit(Child.spawn, role, env={**env, "KE_PRELOAD": "1"}, gpu=gpu,
+                                                      label="spare")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed, waiting, self._waiting = True, list(self._waiting.values()), {}
+        for future in waiting:
+            try:
+                future.result(timeout=60).discard()
+            except Exception:  # noqa: BLE001 - nothing to end
+                pass

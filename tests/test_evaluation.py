@@ -36,7 +36,7 @@ import pytest
 import torch
 
 from kernel_env.broker import Broker, snapshot_workspace
-from kernel_env.evaluators import harness
+from kernel_env.evaluators import harness, isolation
 from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.harness import evaluate
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
@@ -733,6 +733,46 @@ def test_answers_computed_ahead_of_their_timed_calls_are_impossible(jobs, past_r
 
 def test_answers_written_to_the_harness_pipe_by_the_candidate_are_refused(jobs, past_rules):
     assert_rejected(jobs._evaluate("triton", "forge_answers", Mode.VERIFY), "that the harness did not write")
+
+
+@pytest.fixture
+def spares(jobs, monkeypatch):
+    """Warm children on for this test (on the CPU they are off by default), in a registry of its own."""
+    jobs.wait_all()
+    monkeypatch.setenv("KERNEL_ENV_WARM_CHILDREN", "1")
+    registry = isolation.Spares()
+    monkeypatch.setattr(harness, "_SPARES", registry)
+    yield registry
+    registry.close()
+
+
+def _waiting_pids(registry: isolation.Spares) -> dict[str, int]:
+    return {key[0]: future.result(timeout=60).proc.pid for key, future in registry._waiting.items()}
+
+
+def test_a_job_takes_the_spares_started_before_it_and_leaves_new_ones(jobs, spares):
+    first = jobs._evaluate("triton", "honest", Mode.VERIFY)
+    assert_honest(first)
+    before = _waiting_pids(spares)
+    assert set(before) == {"reference", "candidate"}, before
+    second = jobs._evaluate("triton", "honest", Mode.VERIFY)
+    assert_honest(second)
+    after = _waiting_pids(spares)
+    assert set(after) == {"reference", "candidate"} and not set(after.values()) & set(before.values())
+    for pid in before.values():  # the spares served the second job and ended with it
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+
+
+@pytest.mark.parametrize("name", ["read_reference", "honest"])
+def test_a_spare_sees_nothing_of_another_job(jobs, spares, name):
+    """Spares are started before their job's files exist; what a candidate in one can reach is still
+    its own snapshot and outputs, never the reference's outputs or another job's files."""
+    jobs._evaluate("triton", "honest", Mode.VERIFY)  # leaves spares, started while this job's files existed
+    result = jobs._evaluate("triton", name, Mode.VERIFY)
+    if name == "honest":
+        assert_honest(result)
+    else:
+        assert_rejected(result, "elements outside")
 
 
 def test_a_module_built_against_another_torch_is_refused_with_the_two_versions(jobs):
