@@ -118,7 +118,7 @@ class Child:
 
     @classmethod
     def spawn(cls, role: str, *, env: dict[str, str], gpu: bool, label: str = "ke") -> Child:
-        """A ``role`` child (see ROLE_DIRS) in a new folder of its own, ``label-role-XXXX`` under the
+        """A ``role`` child (see ROLE_DIRS) in a new folder of its own, ``<label>-<role>-<random>`` under the
         temporary directory; ``host_paths`` says where the host sees each of its directories, and
         ``discard()`` removes the folder with the process."""
         folder = Path(tempfile.mkdtemp(prefix=f"{label}-{role}-"))

@@ -26,10 +26,10 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
     (r"\bgc\b|sys\._getframe|\bsys\.(?!path\b)\w+|\binspect\b|\btraceback\b|__traceback__|"
      r"\b(?:tb_frame|tb_next|f_back|f_locals|f_globals|f_builtins|gi_frame|cr_frame|ag_frame)\b",
      "inspects the interpreter's objects, frames or modules"),
-    (r"^\s*(import|from)\s+[^\n]*?\b(ctypes|_ctypes|threading|_thread|multiprocessing|concurrent|signal|importlib|builtins|"
+    (r"^[ \t]*(import|from)\s+[^\n]*?\b(ctypes|_ctypes|threading|_thread|multiprocessing|concurrent|signal|importlib|builtins|"
      r"subprocess|socket|asyncio|mmap|resource|faulthandler|atexit|weakref|pickle|marshal|code|runpy|sys|gc|inspect|"
      r"numpy|scipy|cupy|jax|numba|_C|__main__|timing|guards|runner|kernel_env|io|_io|posix|fcntl|pty|select|selectors|"
-     r"_socket|_hashlib|hmac)\b(?<!\bsys\b)|^\s*from\s+sys\s+import\b|\b_C\b|\b__main__\b",
+     r"_socket|_hashlib|hmac)\b(?<!\bsys\b)|^[ \t]*from\s+sys\s+import\b|\b_C\b|\b__main__\b",
      "imports a module or internal that reaches around the harness or computes outside your kernels "
      "(threads, processes, ctypes, importlib, sys internals, the harness's own modules, raw I/O, torch._C, "
      "numpy, ...)"),
@@ -37,11 +37,11 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
      "uses reflection or dynamic code (getattr/setattr/eval/exec/globals/vars/__import__)"),
     (r"\.__(dict|globals|class|bases|mro|subclasses|code|closure|builtins|func|self|wrapped|module|getattribute|setattr|init_subclass)__\b|\b__builtins__\b",
      "reaches into objects through dunder attributes"),
-    (r"^\s*(torch|time|triton|math|os|sys)(\.\w+)+\s*=[^=]", "replaces attributes of torch, time, triton or the standard library"),
+    (r"^[ \t]*(torch|time|triton|math|os|sys)(\.\w+)+\s*=[^=]", "replaces attributes of torch, time, triton or the standard library"),
     # A clock lets code time its own torch calls and so tell the audited calls (slower under the
     # audit's dispatch mode) from the timed ones; timing is the harness's job.
     (r"\btime\.(?!sleep\b)\w+|\b(?:perf_counter|monotonic|process_time|thread_time|clock_gettime)\w*\b|\bdatetime\b|"
-     r"\belapsed_time\b|\benable_timing\b|\bdo_bench\w*\b|\btimeit\b|^\s*from\s+time\s+import\b",
+     r"\belapsed_time\b|\benable_timing\b|\bdo_bench\w*\b|\btimeit\b|^[ \t]*from\s+time\s+import\b",
      "reads a clock (timing is the evaluator's job; a clock in forward is a way to tell audited calls from timed ones)"),
     (r"\bos\.(?!path\b)\w+|\bopen\s*\(|\.\s*(?:write_text|write_bytes)\s*\(|\binput\s*\(",
      "touches the process, its environment, its descriptors or files (os.environ, os.write, open, input, ...)"),

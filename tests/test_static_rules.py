@@ -1,8 +1,7 @@
-"""The source rules (evaluators/static_rules.py) on kernels/ sources, read as text before anything runs."""
+"""The source rules (evaluators/static_rules.py): model_new.py and kernels/ read as text before anything runs."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -28,13 +27,99 @@ static void register_relu_add(pybind11::module& m) {{
 REGISTER_BINDING(relu_add, register_relu_add);
 """
 
+INTERPRETER = "reaches into the Python interpreter"
+PROCESS = "touches files, file descriptors, memory mappings or the process"
+NATIVE_CLOCK = "reads a clock"
+TO_HOST = "from the GPU to the host"
+ASM_SYSCALL = "makes system calls from inline assembly"
 
-def _snapshot(tmp_path: Path, body: str) -> Path:
+# C++ in a binding, each refused with the rule's message.
+NATIVE_REFUSED = {
+    # From C++ the interpreter's frames and the harness's objects are as open as from Python.
+    "pybind-import-attr": ('auto frame = pybind11::module_::import("sys").attr("_getframe")(2);', INTERPRETER),
+    "py-module-import": ('auto sys = py::module::import("sys");', INTERPRETER),
+    "py-exec": ('py::exec("import sys");', INTERPRETER),
+    "globals": ("auto g = pybind11::globals();", INTERPRETER),
+    "PyEval_GetFrame": ("PyObject* frame = (PyObject*) PyEval_GetFrame();", INTERPRETER),
+    "PyImport": ('PyObject* sys = PyImport_ImportModule("sys");', INTERPRETER),
+    "PyRun": ('PyRun_SimpleString("import gc");', INTERPRETER),
+    "reinterpret": ("auto o = pybind11::reinterpret_borrow<pybind11::object>(handle);", INTERPRETER),
+    # The harness's pipes and its marks socket are open in the candidate's process.
+    "fopen": ('FILE* mem = fopen("/proc/self/mem", "r+");', PROCESS),
+    "ifstream": ('std::ifstream maps("/proc/self/maps");', PROCESS),
+    "mprotect": ("mprotect(page, 4096, 7);", PROCESS),
+    "syscall": ("syscall(56, 0, 0);", PROCESS),
+    "open": ('int fd = open("/job/ref/ref_trial_0.pt", 0);', PROCESS),
+    "write": ("write(5, reply, n);", PROCESS),
+    "send": ("::send(7, mark, 6, 0);", PROCESS),
+    "read": ("ssize_t got = read(0, line, sizeof line);", PROCESS),
+    "fdopen": ('FILE* reply = fdopen(5, "w");', PROCESS),
+    "dup2": ("dup2(5, 1);", PROCESS),
+    "symlink": ('symlink("/dev/zero", "/job/cand/cand_trial_0.pt");', PROCESS),
+    "clone": ("clone(child, stack, 0, nullptr);", PROCESS),
+    "asm-syscall": ('asm volatile("mov $1, %%rax; syscall" ::: "rax");', ASM_SYSCALL),
+    # A clock tells audited calls (slower under the audit) from timed ones.
+    "chrono": ("auto t0 = std::chrono::steady_clock::now();", NATIVE_CLOCK),
+    "rdtsc": ("unsigned long long t = __rdtsc();", NATIVE_CLOCK),
+    "event-elapsed": ("cudaEventElapsedTime(&ms, a, b);", NATIVE_CLOCK),
+    "clock_gettime": ("timespec ts; clock_gettime(1, &ts);", NATIVE_CLOCK),
+    # A host-side computation fed by the copy engines could run beside the launch cover.
+    "d2h": ("cudaMemcpyAsync(host, x.data_ptr<float>(), bytes, cudaMemcpyDeviceToHost, stream);", TO_HOST),
+    "memcpy-default": ("cudaMemcpy(host, device, bytes, cudaMemcpyDefault);", TO_HOST),
+    "host-alloc": ("cudaHostAlloc(&host, bytes, 0);", TO_HOST),
+    "managed": ("cudaMallocManaged(&shared, bytes);", TO_HOST),
+    "cpu": ("torch::Tensor on_host = x.cpu();", TO_HOST),
+}
+
+NATIVE_ALLOWED = {
+    "nothing": "// the launch goes here",
+    "tensor-clone": "torch::Tensor copy = out.clone();",
+    "table-to-device": "cudaMemcpyAsync(device_table, host_table, bytes, cudaMemcpyHostToDevice, stream);",
+    "inline-ptx": 'asm volatile("membar.gl;");',
+    "names-in-comments-and-strings": '// never PyEval_GetFrame(), fopen() or a syscall here\n  TORCH_CHECK(true, "no py::exec");',
+}
+
+HARNESS = "reaches around the harness"
+CHANNEL = "touches the process, its environment, its descriptors or files"
+FRAMES = "inspects the interpreter's objects, frames or modules"
+PYTHON_CLOCK = "reads a clock"
+
+# model_new.py lines (after `import os`, `import time` and torch's), each refused with the rule's message.
+PYTHON_REFUSED = {
+    "__main__": ("import __main__", HARNESS),
+    "timing": ("import timing", HARNESS),
+    "guards": ("from guards import Integrity", HARNESS),
+    "io": ("import io", HARNESS),
+    "posix": ("from posix import write", HARNESS),
+    "input": ("line = input()", CHANNEL),
+    "os.write": ("os.write(7, b'end:0')", CHANNEL),
+    "os.fdopen": ("os.fdopen(7, 'w')", CHANNEL),
+    "write_text": ("Path('/proc/self/fd/7').write_text('{}')", CHANNEL),
+    "traceback-frames": ("frame = error.__traceback__.tb_frame.f_back", FRAMES),
+    "perf_counter": ("start = time.perf_counter()", PYTHON_CLOCK),
+    "from-time-import": ("from time import perf_counter_ns", PYTHON_CLOCK),
+    "elapsed_time": ("ms = begin.elapsed_time(end)", PYTHON_CLOCK),
+    "enable_timing": ("event = torch.cuda.Event(enable_timing=True)", PYTHON_CLOCK),
+    "do_bench": ("from triton.testing import do_bench", PYTHON_CLOCK),
+}
+
+PYTHON_ALLOWED = {
+    "os.path-and-reading": "HERE = os.path.dirname(__file__)\nSOURCE = Path(HERE, 'kernels', 'k.py').read_text()",
+    "sleep": "time.sleep(0)",
+}
+
+
+def _native(tmp_path: Path, body: str) -> list[str]:
     snapshot = tmp_path / "snapshot"
     (snapshot / "kernels").mkdir(parents=True)
     (snapshot / "model_new.py").write_text("import torch.nn as nn\n")
     (snapshot / "kernels" / "relu_add_binding.cpp").write_text(BINDING.format(body=body))
-    return snapshot
+    return check_sources(snapshot)
+
+
+def _python(tmp_path: Path, code: str) -> list[str]:
+    (tmp_path / "model_new.py").write_text(f"import os\nimport time\nimport torch\nimport torch.nn as nn\n\n{code}\n")
+    return check_sources(tmp_path)
 
 
 @pytest.mark.parametrize("language", ["cuda", "cpp", "triton"])
@@ -42,143 +127,33 @@ def test_the_bundled_solutions_break_no_rule(language):
     assert check_sources(example_dir("relu_add") / "solutions" / language) == []
 
 
-def test_a_binding_that_only_defines_functions_breaks_no_rule(tmp_path):
-    assert check_sources(_snapshot(tmp_path, "// the launch goes here")) == []
+@pytest.mark.parametrize(("body", "rule"), NATIVE_REFUSED.values(), ids=NATIVE_REFUSED.keys())
+def test_native_code_that_reaches_around_the_evaluator_is_refused_on_its_line(tmp_path, body, rule):
+    violations = _native(tmp_path, body)
+    assert any(rule in v and v.startswith("kernels/relu_add_binding.cpp:7 ") for v in violations), violations
 
 
-@pytest.mark.parametrize("body", [
-    'auto frame = pybind11::module_::import("sys").attr("_getframe")(2);',
-    'auto sys = py::module::import("sys");',
-    'py::exec("import sys");',
-    'auto g = pybind11::globals();',
-    'PyObject* frame = (PyObject*) PyEval_GetFrame();',
-    'PyObject* sys = PyImport_ImportModule("sys");',
-    'PyRun_SimpleString("import gc");',
-    'auto o = pybind11::reinterpret_borrow<pybind11::object>(handle);',
-], ids=["pybind-import-attr", "py-module-import", "py-exec", "globals", "PyEval_GetFrame", "PyImport", "PyRun", "reinterpret"])
-def test_reaching_into_the_python_interpreter_from_a_binding_is_refused(tmp_path, body):
-    violations = check_sources(_snapshot(tmp_path, body))
-    assert any("reaches into the Python interpreter" in v and "relu_add_binding.cpp:7" in v for v in violations), violations
+@pytest.mark.parametrize("body", NATIVE_ALLOWED.values(), ids=NATIVE_ALLOWED.keys())
+def test_native_code_an_honest_binding_needs_breaks_no_rule(tmp_path, body):
+    assert _native(tmp_path, body) == []
 
 
-@pytest.mark.parametrize("body", [
-    'FILE* mem = fopen("/proc/self/mem", "r+");',
-    'std::ifstream maps("/proc/self/maps");',
-    'mprotect(page, 4096, 7);',
-    'syscall(56, 0, 0);',
-    'int fd = open("/job/ref/ref_trial_0.pt", 0);',
-], ids=["fopen", "ifstream", "mprotect", "syscall", "open"])
-def test_touching_files_or_the_process_from_native_code_is_refused(tmp_path, body):
-    violations = check_sources(_snapshot(tmp_path, body))
-    assert any("touches files, file descriptors, memory mappings or the process" in v for v in violations), violations
+@pytest.mark.parametrize(("code", "rule"), PYTHON_REFUSED.values(), ids=PYTHON_REFUSED.keys())
+def test_python_that_reaches_the_harness_its_channel_frames_or_a_clock_is_refused(tmp_path, code, rule):
+    violations = _python(tmp_path, code)
+    assert any(rule in v and v.startswith("model_new.py:6 ") for v in violations), violations
 
 
-def test_a_tensor_clone_in_a_binding_is_not_mistaken_for_the_clone_system_call(tmp_path):
-    assert check_sources(_snapshot(tmp_path / "a", "torch::Tensor copy = out.clone();")) == []
-    assert check_sources(_snapshot(tmp_path / "b", "clone(child, stack, 0, nullptr);"))
+@pytest.mark.parametrize("code", PYTHON_ALLOWED.values(), ids=PYTHON_ALLOWED.keys())
+def test_python_an_honest_solution_may_write_breaks_no_rule(tmp_path, code):
+    assert _python(tmp_path, code) == []
 
 
-def test_names_in_comments_and_strings_are_not_code(tmp_path):
-    snapshot = _snapshot(tmp_path, '// never PyEval_GetFrame() or fopen() here\n  TORCH_CHECK(true, "no py::exec");')
-    assert check_sources(snapshot) == []
-
-
-def test_the_rule_names_file_and_line(tmp_path):
-    snapshot = _snapshot(tmp_path, "")
-    shutil.copy2(snapshot / "kernels" / "relu_add_binding.cpp", snapshot / "kernels" / "other_binding.cpp")
+def test_the_message_names_the_rule_file_line_and_code(tmp_path):
+    snapshot = tmp_path / "snapshot"
+    (snapshot / "kernels").mkdir(parents=True)
+    (snapshot / "model_new.py").write_text("import torch.nn as nn\n")
     (snapshot / "kernels" / "other_binding.cpp").write_text("\n\nvoid f() { PyEval_GetFrame(); }\n")
     assert check_sources(snapshot) == [
         "kernels/other_binding.cpp:3 reaches into the Python interpreter (a binding only defines functions: "
         "`m.def(...)` with `pybind11::arg`): `PyEval_GetFrame(`"]
-
-
-@pytest.mark.parametrize("body", [
-    "write(5, reply, n);",
-    "::send(7, mark, 6, 0);",
-    "ssize_t got = read(0, line, sizeof line);",
-    'FILE* reply = fdopen(5, "w");',
-    "dup2(5, 1);",
-], ids=["write", "send", "read", "fdopen", "dup2"])
-def test_reading_or_writing_file_descriptors_from_native_code_is_refused(tmp_path, body):
-    """The harness's pipes and its marks socket are open in the candidate's process: a forged answer
-    or timing mark must not be one system call away."""
-    violations = check_sources(_snapshot(tmp_path, body))
-    assert any("file descriptors" in v for v in violations), violations
-
-
-def test_system_calls_in_inline_assembly_are_refused_even_inside_the_asm_string(tmp_path):
-    violations = check_sources(_snapshot(tmp_path, 'asm volatile("mov $1, %%rax; syscall" ::: "rax");'))
-    assert any("makes system calls from inline assembly" in v for v in violations), violations
-
-
-def test_inline_ptx_and_a_comment_about_syscalls_are_fine(tmp_path):
-    snapshot = _snapshot(tmp_path, '// no syscall is made here\n  asm volatile("membar.gl;");')
-    assert check_sources(snapshot) == []
-
-
-def _python(tmp_path: Path, code: str) -> list[str]:
-    snapshot = tmp_path / "python"
-    snapshot.mkdir()
-    (snapshot / "model_new.py").write_text("import torch\nimport torch.nn as nn\n\n" + code + "\n")
-    return check_sources(snapshot)
-
-
-@pytest.mark.parametrize("code", [
-    "import __main__",
-    "import timing",
-    "from guards import Integrity",
-    "import io",
-    "from posix import write",
-    "line = input()",
-    "os.write(7, b'end:0')",
-    "os.fdopen(7, 'w')",
-    "frame = error.__traceback__.tb_frame.f_back",
-    "Path('/proc/self/fd/7').write_text('{}')",
-], ids=["__main__", "timing", "guards", "io", "posix", "input", "os.write", "os.fdopen", "traceback-frames", "write_text"])
-def test_python_ways_to_the_harness_channel_and_frames_are_refused(tmp_path, code):
-    assert _python(tmp_path, code), code
-
-
-def test_os_path_and_reading_a_file_are_still_fine(tmp_path):
-    assert _python(tmp_path, "HERE = os.path.dirname(__file__)\nSOURCE = Path(HERE, 'kernels', 'k.py').read_text()") == []
-
-
-@pytest.mark.parametrize("code", [
-    "start = time.perf_counter()",
-    "from time import perf_counter_ns",
-    "ms = begin.elapsed_time(end)",
-    "event = torch.cuda.Event(enable_timing=True)",
-    "from triton.testing import do_bench",
-], ids=["perf_counter", "from-time-import", "elapsed_time", "enable_timing", "do_bench"])
-def test_clocks_in_python_are_refused(tmp_path, code):
-    assert any("reads a clock" in v for v in _python(tmp_path, "import time\n" + code)), code
-
-
-def test_sleeping_is_not_reading_a_clock(tmp_path):
-    assert _python(tmp_path, "import time\ntime.sleep(0)") == []
-
-
-@pytest.mark.parametrize("body", [
-    "auto t0 = std::chrono::steady_clock::now();",
-    "unsigned long long t = __rdtsc();",
-    "cudaEventElapsedTime(&ms, a, b);",
-    "timespec ts; clock_gettime(1, &ts);",
-], ids=["chrono", "rdtsc", "event-elapsed", "clock_gettime"])
-def test_clocks_in_native_code_are_refused(tmp_path, body):
-    assert any("reads a clock" in v for v in check_sources(_snapshot(tmp_path, body))), body
-
-
-@pytest.mark.parametrize("body", [
-    "cudaMemcpyAsync(host, x.data_ptr<float>(), bytes, cudaMemcpyDeviceToHost, stream);",
-    "cudaMemcpy(host, device, bytes, cudaMemcpyDefault);",
-    "cudaHostAlloc(&host, bytes, 0);",
-    "cudaMallocManaged(&shared, bytes);",
-    "torch::Tensor on_host = x.cpu();",
-], ids=["d2h", "default", "host-alloc", "managed", "cpu"])
-def test_moving_data_to_the_host_in_native_code_is_refused(tmp_path, body):
-    assert any("from the GPU to the host" in v for v in check_sources(_snapshot(tmp_path, body))), body
-
-
-def test_copying_a_table_to_the_device_is_fine(tmp_path):
-    body = "cudaMemcpyAsync(device_table, host_table, bytes, cudaMemcpyHostToDevice, stream);"
-    assert check_sources(_snapshot(tmp_path, body)) == []
