@@ -125,10 +125,13 @@ class _Evaluation:
     def child(self, role: str) -> Child:
         """This job's ``role`` child: a spare when warm children are on, else one started now."""
         label = f"job-{self.job.job_id}"
-        if self.warm:
-            child = _SPARES.take(role, env=self.env, gpu=self.gpu, label=label)
-        else:
-            child = Child.spawn(role, env=self.env, gpu=self.gpu, label=label)
+        try:
+            if self.warm:
+                child = _SPARES.take(role, env=self.env, gpu=self.gpu, label=label)
+            else:
+                child = Child.spawn(role, env=self.env, gpu=self.gpu, label=label)
+        except (ChildError, OSError) as exc:
+            self.fail(f"the {role} process could not be started (this machine's fault, not your code's): {exc}")
         self.children.append(child)
         return child
 

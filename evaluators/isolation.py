@@ -7,12 +7,13 @@ sandbox's resource limits. Without bubblewrap it runs as a plain child process (
 sandbox has already warned about that).
 
 The parent speaks JSON lines to the child's stdin and reads answers from a private pipe;
-the child's stdout and stderr (the candidate's prints) go to a log file. Answers and marks
-are signed with a key the parent sends first, before the child imports anything under test
-(``runner.Channel``): the child's descriptors are open to the candidate's code, its key is not. Timing marks travel
+the child's stdout and stderr (the candidate's prints) go to a log file. Timing marks travel
 on a datagram socket of their own whose messages the kernel stamps when the child sends
 them, so the parent's clock bracket of a timed call does not depend on when the parent got
-to read them (a busy parent, with many episodes in one process, reads late).
+to read them (a busy parent, with many episodes in one process, reads late). Answers and
+marks are signed with a key the parent sends first, before the child imports anything under
+test (``runner.Channel``): the child's descriptors are open to the candidate's code, its key
+is not.
 """
 
 from __future__ import annotations
