@@ -10,6 +10,7 @@ reference, applies the rules, and computes the reward.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -332,9 +333,8 @@ def _foreign_build(snapshot: Path) -> str | None:
     if not list((snapshot / "build").glob("cuda_extension*.so")):
         return None
     try:
-        fd = os.open(snapshot / "build" / "build_info.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as handle:
-            built_with = json.loads(handle.read(1 << 20)).get("torch")
+        with _open_untrusted(snapshot / "build" / "build_info.json", 1 << 20) as handle:
+            built_with = json.loads(handle.read()).get("torch")
     except (OSError, ValueError, AttributeError):
         return None
     if isinstance(built_with, str) and built_with != torch.__version__:
@@ -344,16 +344,23 @@ def _foreign_build(snapshot: Path) -> str | None:
     return None
 
 
-def _load_tensors(path: Path):
-    """Load a tensor file a child wrote, trusting nothing about it: a regular file (no link, fifo or
-    device), of bounded size, holding plain tensors only."""
+@contextlib.contextmanager
+def _open_untrusted(path: Path, limit: int):
+    """Open a file the sandboxed side wrote, trusting nothing about it: a regular file (no link,
+    fifo or device) of at most ``limit`` bytes, else ValueError (or OSError)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(handle.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise ValueError("not a regular file")
-        if info.st_size > _MAX_OUTPUT_FILE:
-            raise ValueError(f"{info.st_size} bytes is more than any output may take")
+        if info.st_size > limit:
+            raise ValueError(f"{info.st_size} bytes is more than this file may take")
+        yield handle
+
+
+def _load_tensors(path: Path):
+    """Load a tensor file a child wrote: an untrusted file holding plain tensors only."""
+    with _open_untrusted(path, _MAX_OUTPUT_FILE) as handle:
         try:
             return torch.load(handle, weights_only=True, map_location="cpu")
         except Exception as exc:  # pickle errors of every kind: the file is not ours
