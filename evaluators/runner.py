@@ -3,8 +3,9 @@
 Started by the trusted harness (``evaluators/harness.py``) inside an isolated process with
 ``python -I -B runner.py reference|candidate``; it imports only torch (and Triton) and its
 sibling modules ``timing`` and ``guards``. Commands arrive as JSON lines on stdin (after a
-first line holding the key of ``Channel``), answers go out, signed, on the file descriptor
-named by ``KE_REPLY_FD`` (stdout and stderr belong to the code under test and are only logged). Tensors travel as files in the job's directories:
+first line holding the key of ``Channel``); answers go out, signed, on the file descriptor
+named by ``KE_REPLY_FD`` (stdout and stderr belong to the code under test and are only
+logged). Tensors travel as files in the job's directories:
 the reference process writes reference outputs where the candidate process cannot see
 them; the candidate process never computes, loads or holds a reference output, so there
 is nothing for it to find in memory.
