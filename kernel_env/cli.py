@@ -779,6 +779,9 @@ def _render_synth_summary(summary) -> None:
               f"candidates ({', '.join(f'{n} {k}' for k, n in sorted(summary.by_stage.items())) or 'none judged'})")
     for reason, n in list(summary.reasons.items())[:8]:
         out.print(f"  {n:>5}  {escape(reason)}", soft_wrap=True)
+    if summary.screen_seconds.get("screened"):
+        out.print(f"screening: {summary.screen_seconds['screened']} candidates, median "
+                  f"{summary.screen_seconds['median']:.1f} s each (in parallel)")
     _render_stats(summary.stats)
     out.print(f"similarity histogram: {escape(str(summary.histogram)) if summary.histogram else '—'}; "
               f"dropped list: {escape(str(summary.dropped_list))}")

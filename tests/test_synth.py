@@ -33,7 +33,7 @@ from kernel_env.synth.compose import (
 )
 from kernel_env.synth.crawl import LAYOUTS, REALISTIC, SMALL, crawl, crawl_zero_arg_modules, numel
 from kernel_env.synth.decontam import decontaminate, fingerprint, similarity, write_dropped, write_histogram
-from kernel_env.synth.filter import CPU_TIME_SCALE, DeviceGate, FilterSettings, Screening, filter_tasks
+from kernel_env.synth.filter import CPU_TIME_SCALE, DeviceGate, FilterSettings, Screener, Screening, filter_tasks
 from kernel_env.synth.stats import PAPER_SHARES, category, composition_stats
 from kernel_env.task_sources import write_records
 from kernel_env.tasks import Task, load_tasks
@@ -308,6 +308,16 @@ def test_the_time_bounds_are_the_papers_on_a_gpu_and_scaled_on_the_cpu():
     assert FilterSettings(device="cpu", min_ms=0.5, max_ms=9.0).bounds() == (0.5, 9.0)
 
 
+def test_processes_compiling_at_once_share_the_cpus(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    with Screener(FilterSettings(device="cpu", jobs_per_device=4)) as screener:
+        assert screener.settings.compile_threads == 4
+    with Screener(FilterSettings(device="cpu", jobs_per_device=32)) as screener:
+        assert screener.settings.compile_threads == 1
+    with Screener(FilterSettings(device="cpu", jobs_per_device=4, compile_threads=2)) as screener:
+        assert screener.settings.compile_threads == 2
+
+
 def test_timing_on_a_device_waits_for_sharers_and_holds_new_ones_back():
     gate, order = DeviceGate(), []
     sharing, release = threading.Event(), threading.Event()
@@ -551,6 +561,8 @@ def test_kernel_env_synth_makes_a_loadable_task_set_and_resumes_where_it_stopped
     assert first.exit_code == 0, first.output
     summary = json.loads(first.stdout)
     assert summary["written"] == 1 and summary["complete"] and summary["by_stage"]["kept"] == 1
+    screened_count = summary["screen_seconds"]["screened"]
+    assert screened_count >= 1 and 0 < summary["screen_seconds"]["median"] <= summary["screen_seconds"]["total"]
     (task,) = load_tasks(out)
     assert task.source == "synthetic" and task.id.startswith("synthetic/")
     provenance = task.metadata["provenance"]

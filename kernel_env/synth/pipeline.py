@@ -25,6 +25,7 @@ import heapq
 import json
 import os
 import platform
+import statistics
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -164,6 +165,7 @@ class SynthSummary:
     histogram: Path | None
     dropped_list: Path
     notes: list[str]
+    screen_seconds: dict[str, float] = field(default_factory=dict)  # per screened candidate: median, total
 
     @property
     def complete(self) -> bool:
@@ -174,7 +176,7 @@ class SynthSummary:
                 "complete": self.complete, "candidates": self.candidates, "by_stage": self.by_stage,
                 "reasons": self.reasons, "stats": self.stats.to_record(),
                 "histogram": str(self.histogram) if self.histogram else None, "dropped_list": str(self.dropped_list),
-                "notes": self.notes}
+                "screen_seconds": self.screen_seconds, "notes": self.notes}
 
 
 # --------------------------------------------------------------------------- state
@@ -422,11 +424,14 @@ def _finish(config: SynthConfig, state: _State, notes: list[str]) -> SynthSummar
     for verdict in state.verdicts.values():
         for reason in verdict.reasons:
             reasons[_reason_kind(reason)] += 1
+    seconds = [v.screening.seconds for v in state.verdicts.values() if v.screening is not None]
     summary = SynthSummary(
         out=config.out, work_dir=state.dir, count=config.count, written=len(tasks), candidates=len(state.candidates),
         by_stage=dict(Counter("kept" if v.kept else v.stage for v in state.verdicts.values())),
         reasons=dict(reasons.most_common()), stats=composition_stats(tasks), histogram=histogram,
-        dropped_list=dropped_list, notes=list(dict.fromkeys(notes)))
+        dropped_list=dropped_list, notes=list(dict.fromkeys(notes)),
+        screen_seconds={"screened": len(seconds), "median": round(statistics.median(seconds), 3) if seconds else 0.0,
+                        "total": round(sum(seconds), 3)})
     (state.dir / "summary.json").write_text(json.dumps(summary.to_record(), indent=2) + "\n")
     return summary
 
