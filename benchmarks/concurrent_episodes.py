@@ -25,7 +25,6 @@ import os
 import platform
 import resource
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +33,8 @@ import kernel_env
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.resources import example_dir
 from kernel_env.tasks import Task
+
+from _memory import TreeMemory  # benchmarks/_memory.py: run as a script, this folder is on sys.path
 
 TASK = Task(id="bench/relu_add_4k", name="relu_add_4k",
             code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 12"))
@@ -89,59 +90,6 @@ async def episode(index: int) -> EpisodeTimes:
     finally:
         await asyncio.to_thread(env.close)
     return times
-
-
-class TreeMemory:
-    """Samples the summed resident memory of this process and all its descendants; keeps the peak."""
-
-    def __init__(self, interval_s: float = 0.5):
-        self.interval_s, self.peak_bytes, self.peak_processes = interval_s, 0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def __enter__(self) -> TreeMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            tree = _descendants(os.getpid())
-            total = sum(_rss(pid) for pid in tree)
-            self.peak_bytes, self.peak_processes = max(self.peak_bytes, total), max(self.peak_processes, len(tree))
-            self._stop.wait(self.interval_s)
-
-
-def _descendants(root: int) -> list[int]:
-    """``root`` and every process below it (from /proc: Linux only)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue  # the process ended while we looked
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo += children.get(pid, [])
-    return found
-
-
-def _rss(pid: int) -> int:
-    """Resident bytes of a process; 0 if it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 async def run(count: int, concurrency: int) -> dict:

@@ -70,6 +70,7 @@ def main() -> int:
         for cover in (float(c) for c in args.covers.split(",")):
             settings = EvalSettings(compile_baseline=False, launch_cover_us=cover)
             values: dict[str, list[float]] = {"candidate": [], "eager": []}
+            spans: dict[str, list[list[float]]] = {"candidate": [], "eager": []}  # each job's fastest and slowest call
             for job in range(args.jobs):
                 # A fresh baseline cache per job: eager is re-measured every time, like the candidate.
                 pool.baselines = BaselineCache(tempfile.mkdtemp())
@@ -79,17 +80,22 @@ def main() -> int:
                 if not result.correct:
                     print(f"cover {cover:g} us, job {job}: not correct: {result.error or result.violations}", file=sys.stderr)
                     return 1
-                values["candidate"].append(result.runtime_ms)
-                values["eager"].append(result.eager_ms)
-                print(f"cover {cover:g} us, job {job}: candidate {result.runtime_ms * 1e3:.1f} us, "
-                      f"eager {result.eager_ms * 1e3:.1f} us", flush=True)
+                for name, timing in (("candidate", result.runtime), ("eager", result.eager)):
+                    values[name].append(timing.median_ms)
+                    spans[name].append([timing.min_ms * 1e3, timing.max_ms * 1e3])
+                # A job's fastest call tells a job-wide shift (every call slower: placement, clocks) from
+                # a share of its calls slowed (host launch past the cover, interference).
+                print(f"cover {cover:g} us, job {job}: candidate {result.runtime.median_ms * 1e3:.1f} us "
+                      f"({result.runtime.min_ms * 1e3:.1f}-{result.runtime.max_ms * 1e3:.1f}), eager "
+                      f"{result.eager.median_ms * 1e3:.1f} us ({result.eager.min_ms * 1e3:.1f}-{result.eager.max_ms * 1e3:.1f})",
+                      flush=True)
             for name, times in values.items():
                 median = statistics.median(times)
                 rows[f"{name}, cover {cover:g} us"] = {
                     "launch_cover_us": cover, "median_us": median * 1e3, "min_us": min(times) * 1e3,
                     "max_us": max(times) * 1e3, "spread_pct": (max(times) - min(times)) / median * 100,
                     "do_bench_us": peer[name] * 1e3, "vs_do_bench_pct": (median / peer[name] - 1) * 100,
-                    "jobs_us": [t * 1e3 for t in times],
+                    "jobs_us": [t * 1e3 for t in times], "jobs_min_max_us": spans[name],
                 }
     print(f"\n{'':24} {'median us':>10} {'min':>8} {'max':>8} {'spread %':>9} {'do_bench us':>12} {'vs do_bench %':>14}")
     for name, row in rows.items():

@@ -13,6 +13,7 @@ The request says *what* to do; *which* workspace is fixed by the socket it arriv
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -208,6 +209,8 @@ class Broker:
     def close(self) -> None:
         """Stop serving every workspace and remove the sockets."""
         for directory, server in self._servers.items():
+            with contextlib.suppress(OSError):
+                server.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept(); close() alone does not
             server.close()
             shutil.rmtree(directory, ignore_errors=True)
         self._servers.clear()

@@ -160,6 +160,26 @@ def baseline(
     raise typer.Exit(EXIT_TASK_FAILED if any(r["error"] for r in rows) else EXIT_OK)
 
 
+@app.command()
+def headers(
+    language: list[str] = typer.Argument(None, help="cpp and/or cuda (default: both; cuda needs nvcc)."),
+) -> None:
+    """Precompile torch's headers for workspace builds with this host's toolchain (about half of a
+    binding source's compile time). Sandboxes also do this in the background on first use."""
+    from kernel_env import headers as precompiled
+
+    failed = False
+    for name in language or list(precompiled.LANGUAGES):
+        if name not in precompiled.LANGUAGES:
+            _fail(f"no headers to precompile for {name!r}; choose from {', '.join(precompiled.LANGUAGES)}")
+        with err.status(f"precompiling torch headers for {name} workspaces (about half a minute)"):
+            proc = precompiled.precompile(name)
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        out.print(f"{name}: {escape(lines[-1] if lines else f'exit status {proc.returncode}')}", soft_wrap=True)
+        failed |= proc.returncode != 0
+    raise typer.Exit(EXIT_TASK_FAILED if failed else EXIT_OK)
+
+
 def _load_source(source: str) -> list[Task]:
     if source not in ("examples", "example") and not Path(source).expanduser().exists():
         _fail(f"task source {source}: no such file or folder (give 'examples', a .py, a .jsonl/.json/.parquet, "

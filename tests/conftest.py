@@ -28,13 +28,12 @@ from support import TINY_TASK, bubblewrap_skip_reason, docker_skip_reason
 def _private_kernel_env_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Every workspace a test (or the CLI under test) creates by default goes to a throw-away home."""
     home = tmp_path_factory.mktemp("kernel_env_home")
-    old = os.environ.get("KERNEL_ENV_HOME")
-    os.environ["KERNEL_ENV_HOME"] = str(home)
-    yield home
-    if old is None:
-        os.environ.pop("KERNEL_ENV_HOME", None)
-    else:
-        os.environ["KERNEL_ENV_HOME"] = old
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KERNEL_ENV_HOME", str(home))
+        # Precompiling torch's headers takes half a minute and 500 MB per language: only the tests
+        # of that feature (test_headers.py) turn it on.
+        patch.setenv("KERNEL_ENV_PRECOMPILED_HEADERS", "0")
+        yield home
 
 
 @pytest.fixture

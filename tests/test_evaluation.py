@@ -883,6 +883,21 @@ def test_snapshot_size_is_bounded(triton_workspace, tmp_path):
     assert not result.correct and result.reward == -1.0 and "exceed 256 MB" in (result.error or "")
 
 
+def test_closing_the_broker_ends_its_threads(triton_workspace):
+    import threading
+
+    before = threading.active_count()
+    broker = Broker(_NoPool(), device="cpu", settings=SETTINGS)
+    directory = broker.serve(triton_workspace)
+    assert threading.active_count() == before + 1
+    broker.close()
+    for _ in range(100):  # the accept thread returns once its socket is shut down
+        if threading.active_count() == before:
+            break
+        time.sleep(0.01)
+    assert threading.active_count() == before and not directory.exists()
+
+
 def test_broker_evaluates_a_workspace_with_links_in_kernels_on_the_snapshot_alone(triton_workspace, tmp_path, baselines):
     ws = triton_workspace
     secret = tmp_path / "host_secret.py"

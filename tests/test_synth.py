@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from kernel_env.cli import app
@@ -161,6 +162,20 @@ def test_realistic_chains_are_sized_to_about_a_gigabyte_within_the_cap(seeds):
         for step in steps:  # the scaled shapes are what the operators give on the scaled input (meta device)
             shape = step.seed.output_shape(step.call, shape)
             assert shape == step.out_shape
+
+
+def test_no_operator_of_a_chain_has_more_parameters_than_the_cap(seeds):
+    by_name = {seed.name: seed for seed in seeds}
+    huge = ((32768, 8), {"dim_feedforward": 65536, "dropout": 0.0, "batch_first": True})  # 8.6G parameters
+    assert by_name["TransformerEncoderLayer"].output_shape(huge, (64, 32, 32768)) == (64, 32, 32768)
+    assert by_name["TransformerEncoderLayer"].output_shape(huge, (64, 32, 32768), max_parameters=1 << 27) is None
+    rng = random.Random(1)
+    for _ in range(40):
+        for step in chain(seeds, 2, REALISTIC, rng)[2]:
+            args, kwargs = step.call
+            with torch.device("meta"):
+                module = step.seed.cls()(*args, **kwargs)
+            assert sum(p.numel() for p in module.parameters()) <= REALISTIC.max_parameters, step
 
 
 def test_extract_code_takes_the_last_python_block():

@@ -27,6 +27,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Protocol
 
+from kernel_env import headers
+from kernel_env.headers import enabled as headers_enabled
 from kernel_env.sandbox.base import BackgroundJob, ExecResult, FileInfo, SandboxError
 from kernel_env.workspace import PROTECTED, Workspace
 
@@ -48,9 +50,11 @@ _RESPONSE_MARGIN_S = 30.0
 
 
 def sandbox_environment(*, python_bin: str, shims: str, home: str, workdir: str, state: str, broker_socket: str | None,
-                        toolchain_variables: bool = True, extra: dict[str, str] | None = None) -> dict[str, str]:
+                        headers: str | None = None, toolchain_variables: bool = True,
+                        extra: dict[str, str] | None = None) -> dict[str, str]:
     """The whole environment of the server and the agent's commands: a fixed PATH, HOME, locale,
-    the server's settings (``KE_*``) and, with ``toolchain_variables``, the host's CUDA settings.
+    the server's settings (``KE_*``; ``KE_HEADERS``: the precompiled torch headers, see
+    kernel_env.headers) and, with ``toolchain_variables``, the host's CUDA settings.
     Nothing else of the host's environment (no credentials, tokens or proxies) is in it."""
     path = [shims, python_bin, "/usr/local/cuda/bin", "/usr/local/bin", "/usr/bin", "/bin"]
     env = {
@@ -62,6 +66,8 @@ def sandbox_environment(*, python_bin: str, shims: str, home: str, workdir: str,
     }
     if broker_socket is not None:
         env["KE_BROKER"] = broker_socket
+    if headers is not None and headers_enabled():
+        env["KE_HEADERS"] = headers
     if toolchain_variables:
         env.update({name: os.environ[name] for name in TOOLCHAIN_VARIABLES if name in os.environ})
     env.update(extra or {})
@@ -175,6 +181,7 @@ class ServerSandbox(ABC):
             if self._channel is not None and self._channel.alive():
                 return
             self.close()
+            headers.prepare(self.workspace.language.name)  # for this and later sandboxes' builds
             try:
                 self._channel = self._launch()
             except BaseException:

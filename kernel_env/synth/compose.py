@@ -162,7 +162,7 @@ def chain(seeds: Sequence[Seed], count: int, preset: SizePreset, rng: random.Ran
             call = seed.recipe(shape, rng, preset) if len(shape) in seed.ranks else None
             if call is None:
                 continue
-            out = seed.output_shape(call, shape)
+            out = seed.output_shape(call, shape, max_parameters=preset.max_parameters)
             if out is None or not 0 < numel(out) <= preset.max_numel:
                 continue
             steps.append(Step(seed=seed, call=call, out_shape=out))

@@ -59,6 +59,7 @@ class SizePreset:
     features: tuple[int, ...]
     max_numel: int
     target_numel: int
+    max_parameters: int
 
     def start(self, layout: str, rng: random.Random) -> dict[str, int]:
         """Values for the layout's dimensions, drawn with ``rng``."""
@@ -72,6 +73,9 @@ class SizePreset:
 # of 1 ms only on tensors of about a gigabyte: the largest tensor of a chain is aimed at 2^28 floats
 # (1 GiB), the cap (2^29, 2 GiB) keeps a chain within memory. Set without a GPU at hand: the filter
 # decides, and these are the numbers to tune if too many candidates come out too fast or too slow.
+# An operator's parameters are capped at 2^27 (512 MiB): sized from a long last dimension, a
+# Linear or TransformerEncoderLayer would otherwise take tens of gigabytes (seen on an H100: a
+# d_model 32768 encoder layer, 8.6G parameters, minutes of initialising on the CPU).
 REALISTIC = SizePreset(
     name="realistic",
     dims={
@@ -85,6 +89,7 @@ REALISTIC = SizePreset(
     features=(1024, 2048, 4096, 8192),
     max_numel=1 << 29,
     target_numel=1 << 28,
+    max_parameters=1 << 27,
 )
 
 # Small sizes for the CPU: the same operators and chains, a few thousand elements.
@@ -101,6 +106,7 @@ SMALL = SizePreset(
     features=(16, 32, 64),
     max_numel=1 << 16,
     target_numel=1 << 12,
+    max_parameters=1 << 16,
 )
 
 PRESETS = {preset.name: preset for preset in (REALISTIC, SMALL)}
@@ -132,15 +138,18 @@ class Seed:
     def cls(self) -> type:
         return getattr(importlib.import_module(self.module), self.name)
 
-    def output_shape(self, call: Call, shape: Shape) -> Shape | None:
-        """The output shape for an input shape, from a meta-device run; None if the call fails or
-        does not return one tensor."""
+    def output_shape(self, call: Call, shape: Shape, *, max_parameters: int | None = None) -> Shape | None:
+        """The output shape for an input shape, from a meta-device run; None if the call fails,
+        does not return one tensor, or builds a module of more than ``max_parameters`` parameters."""
         import torch
 
         args, kwargs = call
         try:
             with torch.device("meta"), torch.no_grad():
-                out = self.cls()(*args, **kwargs)(torch.empty(shape))
+                module = self.cls()(*args, **kwargs)
+                if max_parameters is not None and sum(p.numel() for p in module.parameters()) > max_parameters:
+                    return None
+                out = module(torch.empty(shape))
         except Exception:  # noqa: BLE001 - any failure means "does not fit this shape"
             return None
         return tuple(out.shape) if isinstance(out, torch.Tensor) else None

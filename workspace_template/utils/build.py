@@ -33,6 +33,11 @@ ask). Links ``-lc10 -ltorch_cpu -ltorch -ltorch_python`` (+ ``-lc10_cuda -ltorch
 torch-derived settings are cached in ``build/.toolchain.json`` (importing torch costs ~2 s),
 keyed on the Python, the torch install and this file.
 
+Precompiled torch headers: with ``$KE_HEADERS`` (a read-only folder the trusted host fills,
+see ``precompiled_header``), sources that start with a torch header are compiled with
+``-include`` of the header precompiled for this compiler and these flags: about half of a
+binding source's compile time. ``--precompile DIR`` (the host's job, never a sandbox's) makes it.
+
 It must never: write outside ``build/`` and a temp dir (utils/ is read-only: no
 __pycache__), use the network, use ccache, import or run ``model_new.py``, or leave an
 old module in place after a failed build.
@@ -66,6 +71,11 @@ CONTEXT_LINES = 5
 MAX_WARNINGS = 6
 MAX_LINE = 400
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+HEADERS_ENV = "KE_HEADERS"  # the read-only folder of precompiled torch headers (see precompiled_header)
+PCH_NAME = "torch_headers.h"
+PCH_TEXT = "#include <torch/types.h>\n#include <torch/csrc/utils/pybind.h>\n"
+PCH_VARIABLE = "pch"
+TORCH_INCLUDE = re.compile(r"#\s*include\s*[<\"](?:torch/|ATen/|c10/|pybind11/|(?:\.\./)?binding_registry\.h\")")
 DEFAULT_ARCH = "9.0"
 NAMED_ARCHES = {"volta": "7.0", "turing": "7.5", "ampere": "8.0;8.6", "ada": "8.9", "hopper": "9.0", "blackwell": "10.0"}
 
@@ -274,6 +284,88 @@ def optional_cuda_libs(cuda_home: str, torch_dir: str) -> tuple[list[str], list[
     return includes, libdirs, libs
 
 
+# --------------------------------------------------------------------------- precompiled torch headers
+#
+# Parsing torch's and pybind11's headers is most of a binding source's compile time (~14 s of
+# relu_add_binding.cpp's on a small box; 7 s with the headers precompiled). The trusted host
+# precompiles them once per toolchain (`kernel-env headers`, or in the background when the first
+# C++ or CUDA sandbox starts) into a folder every sandbox sees read-only at $KE_HEADERS, one
+# subfolder per key of the compiler and its flags. A source whose first directive includes a
+# torch, ATen, c10, pybind11 or binding_registry.h header is compiled with `-include` of it; g++
+# checks the precompiled file itself and, should it not fit, reads the plain header instead.
+
+
+def header_key(flags: dict) -> str:
+    """Names the precompiled header that fits this compiler and these flags."""
+    cxx = os.path.realpath(flags["cxx"])
+    stat = os.stat(cxx)
+    parts = [cxx, str((stat.st_size, stat.st_mtime_ns)), *flags["cxxflags"], PCH_TEXT]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def precompiled_header(flags: dict) -> str | None:
+    """The precompiled header this workspace's compiles include, or None. The choice sticks to
+    a workspace's build: one begun without goes on without (else a header that turns up later
+    would recompile every torch source of an unchanged workspace), until build/ is removed."""
+    root = os.environ.get(HEADERS_ENV)
+    header = str(Path(root) / header_key(flags) / PCH_NAME) if root else None
+    usable = header is not None and Path(header + ".gch").is_file()
+    try:
+        previous = re.search(rf"^{PCH_VARIABLE} = (.*)$", (BUILD / "build.ninja").read_text(), re.M)
+    except OSError:  # the first build of this workspace
+        return header if usable else None
+    chosen = shlex.split(previous.group(1))[0] if previous and previous.group(1) else None
+    return header if usable and chosen == header else None
+
+
+def starts_with_torch(source: Path) -> bool:
+    """Whether the source's first directive (after `#pragma once`) includes a torch-side header."""
+    for line in source.read_text(errors="replace").splitlines():
+        directive = line.strip()
+        if directive.startswith("#") and not re.match(r"#\s*pragma\s+once\b", directive):
+            return bool(TORCH_INCLUDE.match(directive))
+    return False
+
+
+def precompile(root: Path) -> int:
+    """Precompile the torch headers for this workspace's toolchain into root/<key>/ (the
+    trusted host runs this, never a sandbox). Written to a scratch folder and renamed into
+    place, so a reader sees a whole header or none."""
+    start = time.monotonic()
+    kind = workspace_kind()
+    if kind == "triton":
+        say("nothing to precompile: a Triton workspace builds no C++")
+        return 0
+    flags = compiler_flags(kind, torch_settings(), find_cuda() if kind == "cuda" else None)
+    target = root / header_key(flags)
+    if (target / f"{PCH_NAME}.gch").is_file():
+        say(f"PRECOMPILED: {target / PCH_NAME} (already there)")
+        return 0
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".partial-*"):  # left by a process killed while it compiled
+        if time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".partial-", dir=root))
+    header = scratch / PCH_NAME
+    header.write_text(PCH_TEXT)
+    proc = subprocess.run([flags["cxx"], *flags["cxxflags"], "-x", "c++-header", str(header), "-o", f"{header}.gch"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+        say(clip(" ".join(proc.stderr.split())) or f"g++ exited with status {proc.returncode}")
+        say("PRECOMPILE FAILED")
+        return 1
+    for path in (scratch, header, Path(f"{header}.gch")):
+        path.chmod(0o755 if path.is_dir() else 0o644)  # every sandbox's user reads it
+    try:
+        scratch.rename(target)
+    except OSError:  # another process put the same header in place first
+        shutil.rmtree(scratch, ignore_errors=True)
+    size = Path(f"{target / PCH_NAME}.gch").stat().st_size >> 20
+    say(f"PRECOMPILED: {target / PCH_NAME} ({size} MB, {time.monotonic() - start:.1f}s)")
+    return 0
+
+
 # --------------------------------------------------------------------------- ninja file
 
 
@@ -286,8 +378,8 @@ def object_path(source: Path) -> str:
     return f"{BUILD}/obj/{source}.o"
 
 
-def ninja_file(kind: str, sources: list[Path], artifact: str, settings: dict, cuda: tuple[str, str] | None) -> tuple[str, str]:
-    """Returns (build.ninja text, one-line description of the toolchain)."""
+def compiler_flags(kind: str, settings: dict, cuda: tuple[str, str] | None) -> dict:
+    """The compilers and their flags: cxx, cxxflags, ldflags (and nvcc, cudaflags), describe."""
     cxx = find_tool("g++")
     if not cxx:
         raise BuildError("no g++ on PATH; the C++ toolchain is missing from this sandbox")
@@ -319,17 +411,34 @@ def ninja_file(kind: str, sources: list[Path], artifact: str, settings: dict, cu
     ldflags = ["-shared", *[f"-L{d}" for d in lib_dirs], *libs, *[f"-Wl,-rpath,{d}" for d in lib_dirs]]
     if optional_libs:
         ldflags += ["-Wl,--push-state,--as-needed", *optional_libs, "-Wl,--pop-state"]
+    return {"cxx": cxx, "cxxflags": cxxflags + local + inc_flags, "ldflags": ldflags, "describe": describe,
+            "nvcc": cuda[0] if cuda else None, "cudaflags": cudaflags + local + inc_flags}
 
+
+def ninja_file(kind: str, sources: list[Path], artifact: str, settings: dict, cuda: tuple[str, str] | None) -> tuple[str, str]:
+    """Returns (build.ninja text, one-line description of the toolchain)."""
+    flags = compiler_flags(kind, settings, cuda)
+    describe = flags["describe"]
+    header = precompiled_header(flags)
+    if header:
+        describe += ", precompiled torch headers"
     lines = [
         "# Generated by utils/build.py; edits are overwritten.",
         "ninja_required_version = 1.3",
         f"builddir = {BUILD}",
-        f"cxx = {q(cxx)}",
-        f"cxxflags = {' '.join(q(f) for f in cxxflags + local + inc_flags)}",
-        f"ldflags = {' '.join(q(f) for f in ldflags)}",
+        f"cxx = {q(flags['cxx'])}",
+        f"cxxflags = {' '.join(q(f) for f in flags['cxxflags'])}",
+        f"ldflags = {' '.join(q(f) for f in flags['ldflags'])}",
+        f"{PCH_VARIABLE} = {q(header) if header else ''}",
         "",
         "rule cxx",
         "  command = $cxx -MD -MF $out.d $cxxflags -c $in -o $out",
+        "  depfile = $out.d",
+        "  deps = gcc",
+        "  description = CXX $in",
+        "",
+        "rule cxx_pch",
+        "  command = $cxx -MD -MF $out.d $cxxflags -include $pch -c $in -o $out",
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = CXX $in",
@@ -340,7 +449,7 @@ def ninja_file(kind: str, sources: list[Path], artifact: str, settings: dict, cu
         "",
     ]
     if cuda:
-        lines[4:4] = [f"nvcc = {q(cuda[0])}", f"cudaflags = {' '.join(q(f) for f in cudaflags + local + inc_flags)}"]
+        lines[4:4] = [f"nvcc = {q(flags['nvcc'])}", f"cudaflags = {' '.join(q(f) for f in flags['cudaflags'])}"]
         lines += [
             "rule cuda",
             "  command = $nvcc --generate-dependencies-with-compile --dependency-output $out.d $cudaflags -c $in -o $out",
@@ -350,7 +459,8 @@ def ninja_file(kind: str, sources: list[Path], artifact: str, settings: dict, cu
             "",
         ]
     for src in sources:
-        lines.append(f"build {object_path(src)}: {'cuda' if src.suffix == '.cu' else 'cxx'} {src}")
+        rule = "cuda" if src.suffix == ".cu" else "cxx_pch" if header and starts_with_torch(src) else "cxx"
+        lines.append(f"build {object_path(src)}: {rule} {src}")
     lines.append(f"build {artifact}: link {' '.join(object_path(s) for s in sources)}")
     lines.append(f"default {artifact}")
     return "\n".join(lines) + "\n", describe
@@ -582,6 +692,12 @@ def build_extension(kind: str, only: list[str], start: float) -> int:
 def main(argv: list[str]) -> int:
     start = time.monotonic()
     os.chdir(ROOT)
+    if argv[:1] == ["--precompile"] and len(argv) == 2:
+        try:
+            return precompile(Path(argv[1]).resolve())
+        except BuildError as exc:
+            say(f"PRECOMPILE FAILED: {exc}")
+            return 1
     only = [a for a in argv if not a.startswith("-")]
     if any(a in ("-h", "--help") for a in argv):
         say(__doc__.split("\n\n")[0] + "\n" + __doc__.split("\n\n")[1])

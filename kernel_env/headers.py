@@ -1,0 +1,85 @@
+"""Precompiled torch headers for workspace builds, made by the trusted host.
+
+Parsing torch's and pybind11's headers is about half of a binding source's compile time.
+``precompile(language)`` runs the workspace's own ``utils/build.py --precompile`` here, on the
+host, so the header fits the compiler and flags a sandbox's build uses; the result lands in
+``headers_dir()/<key>/``, one key per compiler and flags. Every sandbox mounts that folder
+read-only at ``SANDBOX_HEADERS`` (``$KE_HEADERS`` in its environment): one episode cannot
+change what another one's build includes. A build that finds no header for its key (none made
+yet, another toolchain, ``KERNEL_ENV_PRECOMPILED_HEADERS=0``) compiles as before.
+
+``prepare(language)``, called when a C++ or CUDA sandbox starts, precompiles in the background
+once per toolchain; a file lock keeps two processes from doing the same work.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from kernel_env.config import cache_dir
+from kernel_env.resources import data_dir
+
+log = logging.getLogger(__name__)
+
+SANDBOX_HEADERS = "/run/kernel_env/headers"
+#: The languages whose workspaces build C++ (Triton builds nothing ahead of time).
+LANGUAGES = ("cpp", "cuda")
+
+_started: set[str] = set()
+_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    return os.environ.get("KERNEL_ENV_PRECOMPILED_HEADERS", "1") != "0"
+
+
+def headers_dir() -> Path:
+    return cache_dir() / "headers"
+
+
+def precompile(language: str, *, timeout: float = 900.0) -> subprocess.CompletedProcess:
+    """Precompile the torch headers for ``language``'s workspaces (``cpp`` or ``cuda``) with this
+    host's toolchain; returns the finished ``build.py --precompile`` (its output says where).
+    Does nothing when the header for this toolchain is already there."""
+    if language not in LANGUAGES:
+        raise ValueError(f"no headers to precompile for {language!r} workspaces; one of {', '.join(LANGUAGES)}")
+    root = headers_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kernel_env-headers-") as scratch, open(root / f".lock-{language}", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process making the same header: wait, then find it there
+        workspace = Path(scratch)
+        (workspace / "utils").mkdir()
+        shutil.copy(data_dir("workspace_template") / "utils" / "build.py", workspace / "utils" / "build.py")
+        (workspace / "SKILL.md").write_text(f"---\nname: {language}\n---\n")
+        env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+        return subprocess.run([sys.executable, "-B", str(workspace / "utils" / "build.py"), "--precompile", str(root)],
+                              cwd=workspace, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def prepare(language: str) -> None:
+    """Precompile in the background, once per language in this process (see the module docstring)."""
+    if language not in LANGUAGES or not enabled():
+        return
+    with _lock:
+        if language in _started:
+            return
+        _started.add(language)
+    threading.Thread(target=_precompile_quietly, args=(language,), name=f"kernel_env-headers-{language}", daemon=True).start()
+
+
+def _precompile_quietly(language: str) -> None:
+    try:
+        proc = precompile(language)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("precompiling the torch headers for %s workspaces failed: %s", language, exc)
+        return
+    if proc.returncode != 0:
+        log.warning("precompiling the torch headers for %s workspaces failed: %s", language, proc.stdout.strip()[-500:])
