@@ -52,6 +52,10 @@ def _compare_tensor(trial: int, label: str, ref: torch.Tensor, cand: torch.Tenso
         first = bad[0].tolist() if len(bad) else None
         return TrialReport(trial=trial, correct=False, first_bad_index=first,
                            message=f"{label}: {len(bad)} elements differ (exact match required for {ref.dtype})")
+    passed = _all_close(ref, cand, atol, rtol)
+    if passed is not None:
+        max_abs, max_rel = passed
+        return TrialReport(trial=trial, correct=True, max_abs_error=max_abs, max_rel_error=max_rel)
     ref64, cand64 = ref.double(), cand.double()
     ref_nan, cand_nan = ref64.isnan(), cand64.isnan()
     ref_fin, cand_fin = ref64.isfinite(), cand64.isfinite()
@@ -82,3 +86,20 @@ def _compare_tensor(trial: int, label: str, ref: torch.Tensor, cand: torch.Tenso
                  f"max abs error {max_abs:.4g}, max rel error {max_rel:.4g}; first bad index {list(at)}: "
                  f"got {cand64[at].item():.6g}, expected {ref64[at].item():.6g}{extra}"),
     )
+
+
+def _all_close(ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:
+    """(max abs error, max rel error) when every element is finite in the reference and within
+    tolerance, else None (the full check above then says what is wrong, and where). The common
+    case in a few in-place float64 passes and no masked copies: a 64M-element output is checked
+    in a fraction of the full check's time. A NaN or Inf in the candidate makes the difference
+    NaN or Inf, which no finite tolerance admits."""
+    ref_abs = ref.to(torch.float64, copy=True)  # copies: .double() of a float64 tensor is the tensor itself
+    diff = cand.to(torch.float64, copy=True).sub_(ref_abs).abs_()
+    ref_abs.abs_()
+    within = diff <= ref_abs.mul(rtol).add_(atol)
+    if not bool(within.logical_and_(ref.isfinite()).all()):
+        return None
+    if diff.numel() == 0:
+        return 0.0, 0.0
+    return float(diff.max()), float(diff.div_(ref_abs.clamp_min_(1e-12)).max())

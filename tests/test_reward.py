@@ -403,3 +403,33 @@ def test_empty_and_scalar_outputs():
     assert compare_outputs(0, torch.tensor(2.0), torch.tensor(2.001), ATOL, RTOL).correct
     report = compare_outputs(0, torch.tensor(2.0), torch.tensor(3.0), ATOL, RTOL)
     assert not report.correct and report.first_bad_index == []
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_quick_check_of_passing_outputs_agrees_with_the_full_one(seed, monkeypatch):
+    """Outputs that pass are judged by a few whole-tensor passes (compare._all_close), anything
+    else by the full check: on random near misses, NaN, Inf and the tolerance's edge, both say
+    the same, with the same errors."""
+    from kernel_env.evaluators import compare
+
+    g = torch.Generator().manual_seed(seed)
+    dtype = (torch.float32, torch.float16, torch.bfloat16, torch.float64)[seed % 4]
+    ref = (torch.randn(257, generator=g) * 10 ** (seed % 3)).to(dtype)
+    scale = (0.3, 0.6, 0.9, 1.2, 2.0)[seed % 5]  # of the tolerance: within it, at its edge, beyond it
+    noise = (torch.rand(257, generator=g) * 2 - 1) * (ATOL + RTOL * ref.double().abs()) * scale
+    cand = (ref.double() + noise).to(dtype)
+    if seed % 7 == 1:
+        cand[seed % 257] = NAN
+    if seed % 7 == 2:
+        ref[3], cand[3] = INF, INF
+    if seed % 7 == 3:
+        ref[4], cand[4] = NAN, NAN
+    if seed % 7 == 4:
+        ref[5] = INF
+    before = ref.clone(), cand.clone()
+    quick = compare_outputs(0, ref, cand, ATOL, RTOL)  # 15 of the 40 cases pass, 25 fail
+    for kept, now in zip(before, (ref, cand)):  # nothing compared is changed (float64 ones were, once)
+        torch.testing.assert_close(now, kept, rtol=0, atol=0, equal_nan=True)
+    monkeypatch.setattr(compare, "_all_close", lambda *args: None)
+    full = compare_outputs(0, ref, cand, ATOL, RTOL)
+    assert quick == full
