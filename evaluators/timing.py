@@ -199,6 +199,15 @@ def time_calls(
     marks = _Marks(device)
     flush = torch.empty(max(flush_bytes // 4, 1), dtype=torch.float32, device=device)
     cover = LaunchCover(device, launch_cover_us)
+
+    def ready() -> None:
+        """How the device is left for every timed and audited call alike (so an audited call cannot
+        be told from a timed one by asking whether the stream is busy): caches flushed, the inputs
+        ready and nothing else running, then the cover filling the device while the call launches."""
+        flush.zero_()
+        marks.sync()
+        cover()
+
     with torch.no_grad():
         for seed in warmup_seeds:
             out = fn(*make_inputs(seed))
@@ -209,9 +218,7 @@ def time_calls(
         times, prints = [], []
         for index, seed in enumerate(seeds):
             inputs = make_inputs(seed)
-            flush.zero_()
-            marks.sync()  # the inputs are ready and the device is idle: nothing of the call has run yet
-            cover()       # the device is full while the call is launched: its kernels queue behind the cover
+            ready()
             if signal:
                 signal("start", index)
             start = marks.mark()
@@ -230,11 +237,7 @@ def time_calls(
             del out, inputs
             if audit is not None and index in audit_at:
                 inputs = make_inputs(seed ^ _AUDIT_SEED_SALT)  # inputs of their own: not a repeat of the timed call
-                # The device as a timed call finds it (flushed, then the cover running), so an audited
-                # call cannot be told from a timed one by asking whether the stream is busy.
-                flush.zero_()
-                marks.sync()
-                cover()
+                ready()
                 audit(inputs)
                 marks.sync()
                 del inputs
