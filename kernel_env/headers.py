@@ -45,6 +45,16 @@ def headers_dir() -> Path:
     return cache_dir() / "headers"
 
 
+def host_folder() -> Path | None:
+    """The folder every sandbox mounts read-only at SANDBOX_HEADERS (made if missing), or None
+    when precompiled headers are off (``KERNEL_ENV_PRECOMPILED_HEADERS=0``)."""
+    if not enabled():
+        return None
+    folder = headers_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def precompile(language: str, *, timeout: float = 900.0) -> subprocess.CompletedProcess:
     """Precompile the torch headers for ``language``'s workspaces (``cpp`` or ``cuda``) with this
     host's toolchain; returns the finished ``build.py --precompile`` (its output says where).

@@ -132,3 +132,9 @@ def test_kernel_env_headers_precompiles_on_request(precompiled):
     assert done.exit_code == 0 and f"cpp: PRECOMPILED: {precompiled} (already there)" in done.stdout, done.output
     wrong = CliRunner().invoke(app, ["headers", "triton"])
     assert wrong.exit_code == 2 and "no headers to precompile for 'triton'" in wrong.output
+
+
+def test_turned_off_a_sandbox_neither_mounts_nor_names_them(make_sandbox):
+    sandbox = make_sandbox("cpp")  # the suite's default: KERNEL_ENV_PRECOMPILED_HEADERS=0
+    result = sandbox.exec('echo "[${KE_HEADERS-unset}]"; test -e /run/kernel_env/headers && echo mounted; true')
+    assert result.output.split() == ["[unset]"], result.output

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Protocol
 
 from kernel_env import headers
-from kernel_env.headers import enabled as headers_enabled
 from kernel_env.sandbox.base import BackgroundJob, ExecResult, FileInfo, SandboxError
 from kernel_env.workspace import PROTECTED, Workspace
 
@@ -53,8 +52,8 @@ def sandbox_environment(*, python_bin: str, shims: str, home: str, workdir: str,
                         headers: str | None = None, toolchain_variables: bool = True,
                         extra: dict[str, str] | None = None) -> dict[str, str]:
     """The whole environment of the server and the agent's commands: a fixed PATH, HOME, locale,
-    the server's settings (``KE_*``; ``KE_HEADERS``: the precompiled torch headers, see
-    kernel_env.headers) and, with ``toolchain_variables``, the host's CUDA settings.
+    the server's settings (``KE_*``; ``KE_HEADERS``: where the sandbox sees the precompiled
+    torch headers, see kernel_env.headers) and, with ``toolchain_variables``, the host's CUDA settings.
     Nothing else of the host's environment (no credentials, tokens or proxies) is in it."""
     path = [shims, python_bin, "/usr/local/cuda/bin", "/usr/local/bin", "/usr/bin", "/bin"]
     env = {
@@ -66,7 +65,7 @@ def sandbox_environment(*, python_bin: str, shims: str, home: str, workdir: str,
     }
     if broker_socket is not None:
         env["KE_BROKER"] = broker_socket
-    if headers is not None and headers_enabled():
+    if headers is not None:
         env["KE_HEADERS"] = headers
     if toolchain_variables:
         env.update({name: os.environ[name] for name in TOOLCHAIN_VARIABLES if name in os.environ})

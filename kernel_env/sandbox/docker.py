@@ -34,8 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from kernel_env.headers import SANDBOX_HEADERS, headers_dir
-from kernel_env.headers import enabled as headers_enabled
+from kernel_env.headers import SANDBOX_HEADERS, host_folder
 from kernel_env.sandbox.base import SandboxError
 from kernel_env.sandbox.bwrap import SANDBOX_UID, etc_files, identity_files, python_prefixes, toolchain_tops, write_new_file
 from kernel_env.sandbox.client import (
@@ -467,9 +466,8 @@ class DockerSandbox(ServerSandbox):
         ]
         if self.broker_dir is not None:
             mounts.append((SANDBOX_BROKER, str(self.broker_dir), True))
-        if headers_enabled():  # made with the host's toolchain: an image's own finds no key of its own there
-            headers_dir().mkdir(parents=True, exist_ok=True)
-            mounts.append((SANDBOX_HEADERS, str(headers_dir()), True))
+        if (headers := host_folder()) is not None:  # made with the host's toolchain: an image's own finds no key there
+            mounts.append((SANDBOX_HEADERS, str(headers), True))
         mounts += [(f"{SANDBOX_WORKDIR}/{name}", str(ws.path / name), True) for name in PROTECTED if (ws.path / name).exists()]
         mounts += [(path, path, True) for path in self.extra_ro_binds]
         return mounts
@@ -478,7 +476,7 @@ class DockerSandbox(ServerSandbox):
         return sandbox_environment(
             python_bin=os.path.dirname(self.python), shims=SANDBOX_BIN, home=SANDBOX_HOME, workdir=SANDBOX_WORKDIR,
             state=SANDBOX_STATE, broker_socket=f"{SANDBOX_BROKER}/broker.sock" if self.broker_dir is not None else None,
-            headers=SANDBOX_HEADERS,
+            headers=SANDBOX_HEADERS if host_folder() is not None else None,
             toolchain_variables=self.image is None, extra=self.extra_env,
         )
 

@@ -20,8 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernel_env.headers import SANDBOX_HEADERS, headers_dir
-from kernel_env.headers import enabled as headers_enabled
+from kernel_env.headers import SANDBOX_HEADERS, host_folder
 from kernel_env.sandbox.base import SandboxError
 from kernel_env.sandbox.bwrap import SANDBOX_UID, PidNamespace, base_argv, bubblewrap_problem, spawn
 from kernel_env.sandbox.client import (
@@ -132,7 +131,8 @@ class LocalSandbox(ServerSandbox):
             python_bin=python_bin_dir(), shims=SANDBOX_BIN if self.isolated else str(SHIMS),
             home=SANDBOX_HOME if self.isolated else str(self.workspace.state_dir / "home"),
             workdir=self.workdir, state=self._state, broker_socket=broker,
-            headers=SANDBOX_HEADERS if self.isolated else str(headers_dir()), extra=self.extra_env,
+            headers=(SANDBOX_HEADERS if self.isolated else str(folder)) if (folder := host_folder()) else None,
+            extra=self.extra_env,
         )
 
     def interactive_argv(self) -> list[str]:
@@ -166,9 +166,8 @@ class LocalSandbox(ServerSandbox):
         ]
         if self.broker_dir is not None:
             argv += ["--ro-bind", str(self.broker_dir), SANDBOX_BROKER]
-        if headers_enabled():
-            headers_dir().mkdir(parents=True, exist_ok=True)
-            argv += ["--ro-bind", str(headers_dir()), SANDBOX_HEADERS]
+        if (headers := host_folder()) is not None:
+            argv += ["--ro-bind", str(headers), SANDBOX_HEADERS]
         for name in PROTECTED:
             if (ws.path / name).exists():
                 argv += ["--ro-bind", str(ws.path / name), f"{SANDBOX_WORKDIR}/{name}"]

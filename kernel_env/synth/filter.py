@@ -23,10 +23,11 @@ screening imports or runs its task on that device while one is timed), while imp
 checks overlap each other. torch.compile runs outside the gate: compiling is minutes of CPU
 work that a waiting timer would otherwise stall every screening behind, and the compiled
 model's two short runs are noise a median of ten timed calls absorbs. The CPUs are shared
-among the processes compiling at once (``compile_threads``). A candidate that ran out of memory alongside others is judged again with the device to itself.
-A candidate whose process died or hung is rejected only after a trivial task's process is seen
-to work (else the machine is at fault: FilterError). Children of one run share a torch.compile
-cache directory, so each compile does not start cold.
+among the processes compiling at once (``compile_threads``). A candidate that ran out of
+memory alongside others is judged again with the device to itself. A candidate whose process
+died or hung is rejected only after a trivial task's process is seen to work (else the machine
+is at fault: FilterError). Children of one run share a torch.compile cache directory, so each
+compile does not start cold.
 """
 
 from __future__ import annotations
