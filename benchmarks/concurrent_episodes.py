@@ -1,19 +1,28 @@
-"""Many KernelAgent-v0 episodes at once in one process on the CPU: wall time, throughput, memory.
+"""Many KernelAgent-v0 episodes at once in one process: wall time, throughput, memory, device use.
 
 Each episode plays a scripted policy (no model): list the workspace, read SKILL.md and the starter,
-write the bundled Triton solution of a tiny relu(x + y) task (4096 elements, Triton's interpreter),
-check it with utils/compile.sh, then Finish, which runs the trusted final evaluation (shortened
-protocol, no torch.compile baseline). One event loop drives every episode through ``areset`` /
-``astep``, as an RL rollout worker or ``kernel-env eval`` does.
+write the bundled Triton solution of relu(x + y), check it with utils/compile.sh, then Finish, which
+runs the trusted final evaluation. One event loop drives every episode through ``areset`` /
+``astep``, as an RL rollout worker or ``kernel-env eval`` does. On the CPU (Triton's interpreter)
+the task has 4096 elements and the protocol is shortened; on a GPU it has 4M elements and the
+final evaluation is the full default protocol (the eager and torch.compile baselines come from
+the cache, filled by a warm-up episode).
 
-Two runs in the same process: a baseline (a few episodes one after another) and the main run (all
-episodes at once). Per episode it times the reset, the tool steps and the Finish step (waiting for
-the pool, then the final evaluation), and it samples the memory of the whole process tree
-(sandboxes, servers and evaluation workers are child processes): the peak of the sum of their
-resident sizes, an upper bound (pages shared between processes, such as torch's libraries, count
-in each). Prints a table and writes JSON.
+Runs in the same process: a baseline (a few episodes one after another), then one main run per
+``--episodes`` count (all of that many at once). Per episode it times the reset, the tool steps
+and the Finish step (waiting for the pool, then the final evaluation). Per run it reports:
+
+- episodes per hour;
+- the pool's occupancy: the share of the time in which evaluation jobs were waiting or running
+  that a job was running (1.0: the device never waited for work while there was some);
+- on a GPU, the device's own busy fraction over that same time: NVML's ``utilization.gpu``
+  (share of time any kernel ran), sampled by nvidia-smi every 50 ms, an independent account;
+- the memory of the whole process tree (sandboxes, servers and evaluation children are child
+  processes): the peak of the sum of their resident sizes, an upper bound (shared pages, such as
+  torch's libraries, count in each).
 
     python benchmarks/concurrent_episodes.py --episodes 64 --json concurrent_episodes.json
+    python benchmarks/concurrent_episodes.py --device cuda --episodes 32,128,256 --json throughput_gpu.json
 """
 
 from __future__ import annotations
@@ -29,17 +38,35 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 import kernel_env
+import kernel_env.pool
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.resources import example_dir
 from kernel_env.tasks import Task
 
-from _memory import TreeMemory  # benchmarks/_memory.py: run as a script, this folder is on sys.path
+from _gpu import GpuSampler  # benchmarks/_gpu.py and _memory.py: run as a script, this folder is on sys.path
+from _memory import TreeMemory
 
-TASK = Task(id="bench/relu_add_4k", name="relu_add_4k",
-            code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 12"))
 SOLUTION = (example_dir() / "solutions" / "triton" / "model_new.py").read_text()
-SETTINGS = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, checked_timed_calls=5, compile_baseline=False)
+#: Per device: the task's size and the final evaluation's protocol.
+SETUPS = {
+    "cpu": (1 << 12, EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, checked_timed_calls=5,
+                                  compile_baseline=False)),
+    "cuda": (1 << 22, EvalSettings()),
+}
+DEVICE = "cpu"
+TASK: Task
+SETTINGS: EvalSettings
+
+
+def configure(device: str) -> None:
+    global DEVICE, TASK, SETTINGS
+    elements, SETTINGS = SETUPS[device]
+    DEVICE = device
+    TASK = Task(id=f"bench/relu_add_{elements}", name=f"relu_add_{elements}",
+                code=(example_dir() / "task.py").read_text().replace("1 << 24", str(elements)))
 POLICY = [
     {"name": "Bash", "arguments": {"command": "ls -la && head -n 5 SKILL.md"}},
     {"name": "Read", "arguments": {"file_path": "model_new.py"}},
@@ -63,7 +90,7 @@ class EpisodeTimes:
 async def episode(index: int) -> EpisodeTimes:
     """One scripted episode; a failure is recorded, not raised (the benchmark counts errors)."""
     times = EpisodeTimes()
-    env = kernel_env.make("KernelAgent-v0", task=TASK, language="triton", device="cpu", max_turns=len(POLICY) + 5,
+    env = kernel_env.make("KernelAgent-v0", task=TASK, language="triton", device=DEVICE, max_turns=len(POLICY) + 5,
                           settings=SETTINGS)
     try:
         started = time.perf_counter()
@@ -92,21 +119,77 @@ async def episode(index: int) -> EpisodeTimes:
     return times
 
 
+class PoolMeter:
+    """When each evaluation job was submitted, started and ended (the local pool's, caught on the way)."""
+
+    def __init__(self):
+        self.jobs: dict[str, list[float]] = {}
+        self._submit, self._evaluate = kernel_env.pool.LocalPool.submit, kernel_env.pool.evaluate
+
+    def __enter__(self):
+        meter = self
+
+        def submit(pool, job):
+            meter.jobs[job.job_id] = [time.monotonic(), 0.0, 0.0]
+            return meter._submit(pool, job)
+
+        def evaluate(job, **options):
+            meter.jobs[job.job_id][1] = time.monotonic()
+            try:
+                return meter._evaluate(job, **options)
+            finally:
+                meter.jobs[job.job_id][2] = time.monotonic()
+
+        kernel_env.pool.LocalPool.submit, kernel_env.pool.evaluate = submit, evaluate
+        return self
+
+    def __exit__(self, *exc):
+        kernel_env.pool.LocalPool.submit, kernel_env.pool.evaluate = self._submit, self._evaluate
+
+    def periods(self, running: bool) -> list[tuple[float, float]]:
+        """Disjoint intervals in which a job was running (or, with running=False, waiting or running)."""
+        spans = sorted((start if running else submitted, end) for submitted, start, end in self.jobs.values() if end)
+        merged: list[list[float]] = []
+        for begin, end in spans:
+            if merged and begin <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([begin, end])
+        return [(a, b) for a, b in merged]
+
+
+def _length(periods) -> float:
+    return sum(end - begin for begin, end in periods)
+
+
 async def run(count: int, concurrency: int) -> dict:
     slots = asyncio.Semaphore(concurrency)
 
-    async def limited(index: int) -> EpisodeTimes:
-        async with slots:
-            return await episode(index)
+    done = 0
 
-    with TreeMemory() as memory:
+    async def limited(index: int) -> EpisodeTimes:
+        nonlocal done
+        async with slots:
+            times = await episode(index)
+        done += 1
+        if done % max(1, count // 8) == 0 or times.error:
+            print(f"  {done}/{count} episodes done; episode {index}: finish {times.finish_s:.1f} s "
+                  f"(evaluation {times.evaluation_s:.1f} s){', ' + times.error if times.error else ''}", flush=True)
+        return times
+
+    with TreeMemory() as memory, PoolMeter() as pool, GpuSampler(period_ms=50) as gpu:
         started = time.perf_counter()
         results = await asyncio.gather(*(limited(i) for i in range(count)))
         wall = time.perf_counter() - started
     errors = [r.error for r in results if r.error or not r.correct]
+    demand = pool.periods(running=False)
+    busy = [s["utilization.gpu"] for begin, end in demand for s in gpu.samples_between(begin, end)] if DEVICE == "cuda" else []
     return {
         "episodes": count, "concurrency": concurrency, "wall_s": round(wall, 1),
         "episodes_per_hour": round(3600 * count / wall),
+        "jobs": len(pool.jobs), "jobs_waiting_or_running_s": round(_length(demand), 1),
+        "pool_occupancy": round(_length(pool.periods(running=True)) / max(_length(demand), 1e-9), 3),
+        "gpu_busy_fraction": round(statistics.fmean(busy) / 100, 3) if busy else None, "gpu_samples": len(busy),
         "errors": len(errors), "error_samples": sorted(set(e or "incorrect" for e in errors))[:3],
         "reset_s_mean": _mean(r.reset_s for r in results), "tools_s_mean": _mean(r.tools_s for r in results),
         "finish_s_mean": _mean(r.finish_s for r in results), "finish_s_max": round(max(r.finish_s for r in results), 2),
@@ -124,31 +207,41 @@ def _mean(values) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=64, help="episodes of the main run, all at once")
+    parser.add_argument("--episodes", default="64", help="episodes of each main run, all at once (comma-separated counts)")
     parser.add_argument("--baseline-episodes", type=int, default=4, help="episodes of the baseline, one at a time")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, default=Path("concurrent_episodes.json"))
     args = parser.parse_args()
+    configure(args.device)
+    counts = [int(c) for c in args.episodes.split(",")]
 
-    async def both() -> tuple[dict, dict]:
-        await episode(-1)  # warm up: the eager baseline cache, Python's imports, the file cache
-        return await run(args.baseline_episodes, 1), await run(args.episodes, args.episodes)
+    async def all_runs() -> list[tuple[str, dict]]:
+        await episode(-1)  # warm up: the baseline cache, Python's imports, the file cache
+        runs = [("sequential", await run(args.baseline_episodes, 1))]
+        for count in counts:
+            runs.append((f"{count} at once", await run(count, count)))
+            print(f"{count} at once: {runs[-1][1]['wall_s']} s", flush=True)
+        return runs
 
-    baseline, main_run = asyncio.run(both())
-    print(f"{'run':<12}{'episodes':>9}{'wall s':>9}{'eps/hour':>10}{'reset s':>9}{'tools s':>9}{'finish s':>10}"
-          f"{'max fin s':>11}{'eval share':>12}{'peak MB':>9}{'procs':>7}{'errors':>8}")
-    for name, row in (("sequential", baseline), (f"{args.episodes} at once", main_run)):
-        print(f"{name:<12}{row['episodes']:>9}{row['wall_s']:>9}{row['episodes_per_hour']:>10}{row['reset_s_mean']:>9}"
-              f"{row['tools_s_mean']:>9}{row['finish_s_mean']:>10}{row['finish_s_max']:>11}"
-              f"{row['evaluation_share_of_wall']:>12}{row['peak_tree_rss_mb']:>9}{row['peak_processes']:>7}"
-              f"{row['errors']:>8}")
+    runs = asyncio.run(all_runs())
+    print(f"{args.device}, {TASK.name}:")
+    print(f"{'run':<13}{'episodes':>9}{'wall s':>9}{'eps/hour':>10}{'reset s':>9}{'tools s':>9}{'finish s':>10}"
+          f"{'max fin s':>11}{'pool occ':>10}{'gpu busy':>10}{'peak MB':>9}{'procs':>7}{'errors':>8}")
+    for name, row in runs:
+        busy = "-" if row["gpu_busy_fraction"] is None else f"{row['gpu_busy_fraction']:.3f}"
+        print(f"{name:<13}{row['episodes']:>9}{row['wall_s']:>9}{row['episodes_per_hour']:>10}{row['reset_s_mean']:>9}"
+              f"{row['tools_s_mean']:>9}{row['finish_s_mean']:>10}{row['finish_s_max']:>11}{row['pool_occupancy']:>10.3f}"
+              f"{busy:>10}{row['peak_tree_rss_mb']:>9}{row['peak_processes']:>7}{row['errors']:>8}")
     self_peak_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    print(f"peak RSS of this process alone: {self_peak_mb} MB; speed-up of throughput over sequential: "
-          f"{main_run['episodes_per_hour'] / baseline['episodes_per_hour']:.2f}x")
-    for row in (baseline, main_run):
+    sequential = runs[0][1]["episodes_per_hour"]
+    print(f"peak RSS of this process alone: {self_peak_mb} MB; throughput over sequential: "
+          + ", ".join(f"{name} {row['episodes_per_hour'] / sequential:.2f}x" for name, row in runs[1:]))
+    for _, row in runs:
         for sample in row["error_samples"]:
             print(f"error: {sample}")
-    report = {"machine": platform.node(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
-              "self_peak_rss_mb": self_peak_mb, "baseline": baseline, "main": main_run}
+    report = {"machine": platform.node(), "cpus": os.cpu_count(), "load_average": os.getloadavg(), "device": args.device,
+              "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "task": TASK.name,
+              "self_peak_rss_mb": self_peak_mb, "runs": dict(runs)}
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.json}")
 

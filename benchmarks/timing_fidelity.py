@@ -8,7 +8,19 @@ callables measured in this process, the independent peer. Each launch-cover sett
 (EvalSettings.launch_cover_us; 0 is no cover: the launch is timed) is run in turn, so the
 protocols are compared in the same run.
 
-    python benchmarks/timing_fidelity.py [--jobs 10] [--covers 0,200] [--json out.json]
+Each job's line also says what its timings were made of (the timing runs' ``details``, caught
+on their way from the evaluation child): the host's launch time against the cover, the charge
+for work still running after the end mark, and the idle synchronise tail that charge is
+measured against. A slow job is then explained by the line that moved.
+
+The same per-call data also gives, for each job, the median that another rule for the late-work
+charge would have produced, without running the protocol again: an allowance of the median idle
+tail measured through the run plus delta (0, 3 or 5 us) instead of the 90th percentile of 10 idle
+tails before it (docs/design.md, Known limits). ``--solution side_stream_no_wait --elements
+1048576`` measures how much side-stream work each rule leaves uncharged, against the same kernel
+on the current stream (``--solution turn4_fused``, the default).
+
+    python benchmarks/timing_fidelity.py [--jobs 10] [--covers 0,200] [--elements N] [--solution NAME] [--json out.json]
 """
 
 from __future__ import annotations
@@ -18,36 +30,93 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 from kernel_env.episode import Episode
+from kernel_env.evaluators import isolation
 from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.records import EvalSettings, Mode
 from kernel_env.pool import LocalPool
 from kernel_env.tasks import Task
 
+from _gpu import GpuSampler  # benchmarks/_gpu.py: run as a script, this folder is on sys.path
+
 HERE = Path(__file__).resolve().parent
 TASK_CODE = (HERE.parent / "examples" / "relu_add" / "task.py").read_text()
-KERNEL_FILE = HERE.parent / "tests" / "gpu" / "solutions" / "turn4_fused.py"
-KERNEL = KERNEL_FILE.read_text()
+SOLUTIONS = HERE.parent / "tests" / "gpu" / "solutions"
+#: Allowances of the alternative late-work rule: the run's median idle tail plus this many microseconds.
+ALTERNATIVE_DELTAS_US = (0.0, 3.0, 5.0)
 
 
-def do_bench_medians() -> dict[str, float]:
+def do_bench_medians(kernel_file: Path, elements: int) -> dict[str, float]:
     import triton.testing
 
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("turn4_fused", KERNEL_FILE)
+    spec = importlib.util.spec_from_file_location(kernel_file.stem, kernel_file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # Triton needs the kernel's source file
     model = module.ModelNew().cuda()
-    x, y = torch.randn(1 << 24, device="cuda"), torch.randn(1 << 24, device="cuda")
+    x, y = torch.randn(elements, device="cuda"), torch.randn(elements, device="cuda")
     return {
         "candidate": triton.testing.do_bench(lambda: model(x, y), return_mode="median"),
         "eager": triton.testing.do_bench(lambda: torch.relu(x + y), return_mode="median"),
     }
+
+
+class TimingDetails:
+    """Catches the timing runs' details (``time_calls(details=...)``) as the children answer."""
+
+    def __init__(self):
+        self.runs: dict[str, dict] = {}
+        self.windows: dict[str, tuple[float, float]] = {}  # monotonic start and end of each timing run
+        self._call = isolation.Child.call
+
+    def __enter__(self):
+        catcher = self
+
+        def call(child, cmd, timeout, **payload):
+            started = time.monotonic()
+            answer, marks = catcher._call(child, cmd, timeout, **payload)
+            if cmd in ("cand_time", "ref_time") and isinstance(answer.get("details"), dict):
+                name = "candidate" if cmd == "cand_time" else "eager"
+                catcher.runs[name] = {**answer["details"], "times_ms": answer.get("times_ms", [])}
+                catcher.windows[name] = (started, time.monotonic())
+            return answer, marks
+
+        isolation.Child.call = call
+        return self
+
+    def __exit__(self, *exc):
+        isolation.Child.call = self._call
+
+
+def summary(details: dict | None, window: tuple[float, float] | None, gpu: GpuSampler) -> dict:
+    if not details:
+        return {}
+    med = lambda key, scale=1.0: round(statistics.median(details[key]) * scale, 1)  # noqa: E731
+    parts = {"launch_us_median": med("launch_us"), "launch_us_max": round(max(details["launch_us"]), 1),
+             "charged_us_median": med("charged_ms", 1e3), "tail_us_median": med("tail_ms", 1e3),
+             "idle_tail_us_median": med("idle_tail_ms", 1e3), "allowance_us": round(details["allowance_ms"] * 1e3, 1)}
+    if window and gpu.available:  # the SM clock around the run (the driver's, sampled every 50 ms; a run is short)
+        around = (window[0] - 0.25, window[1] + 0.05)
+        low, mean = gpu.minimum("clocks.sm", *around), gpu.mean("clocks.sm", *around)
+        parts |= {"sm_mhz_min": low, "sm_mhz_mean": round(mean) if mean else None}
+    return parts
+
+
+def alternative_medians_us(details: dict | None) -> dict[str, float]:
+    """The run's median under the alternative late-work rule, per delta (us), from its per-call data."""
+    if not details or not details.get("times_ms"):
+        return {}
+    idle = statistics.median(details["idle_tail_ms"])
+    own = [t - c for t, c in zip(details["times_ms"], details["charged_ms"])]  # end - start of each call
+    return {f"delta {delta:g} us": round(statistics.median(
+                o + max(0.0, tail - (idle + delta / 1e3)) for o, tail in zip(own, details["tail_ms"])) * 1e3, 2)
+            for delta in ALTERNATIVE_DELTAS_US}
 
 
 def main() -> int:
@@ -55,26 +124,33 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10)
     parser.add_argument("--covers", default=f"0,{EvalSettings().launch_cover_us:g}",
                         help="comma-separated launch_cover_us values to compare (default: 0 and the default)")
+    parser.add_argument("--elements", type=int, default=1 << 24, help="elements of x and y (default 16M)")
+    parser.add_argument("--solution", default="turn4_fused", help="the candidate: a file of tests/gpu/solutions, without .py")
     parser.add_argument("--json", type=Path, default=Path("timing_fidelity.json"))
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("timing_fidelity needs a CUDA GPU", file=sys.stderr)
         return 2
-    task = Task(id="bench/relu_add_16M", code=TASK_CODE, source="synthetic")
+    task = Task(id=f"bench/relu_add_{args.elements}", code=TASK_CODE.replace("1 << 24", str(args.elements)), source="synthetic")
+    kernel_file = SOLUTIONS / f"{args.solution}.py"
     solution = Path(tempfile.mkdtemp()) / "solution"
     solution.mkdir()
-    (solution / "model_new.py").write_text(KERNEL)
-    peer = do_bench_medians()
+    (solution / "model_new.py").write_text(kernel_file.read_text())
+    peer = do_bench_medians(kernel_file, args.elements)
     rows = {}
-    with LocalPool() as pool:
+    with LocalPool() as pool, GpuSampler() as gpu:
         for cover in (float(c) for c in args.covers.split(",")):
             settings = EvalSettings(compile_baseline=False, launch_cover_us=cover)
             values: dict[str, list[float]] = {"candidate": [], "eager": []}
             spans: dict[str, list[list[float]]] = {"candidate": [], "eager": []}  # each job's fastest and slowest call
+            made_of: dict[str, list[dict]] = {"candidate": [], "eager": []}
+            alternative: dict[str, list[dict]] = {"candidate": [], "eager": []}
+            calls: dict[str, list[dict]] = {"candidate": [], "eager": []}  # every call's raw data, for later analysis
             for job in range(args.jobs):
                 # A fresh baseline cache per job: eager is re-measured every time, like the candidate.
                 pool.baselines = BaselineCache(tempfile.mkdtemp())
-                with Episode.open(task, language="triton", device="cuda", pool=pool, settings=settings) as episode:
+                with TimingDetails() as caught, \
+                        Episode.open(task, language="triton", device="cuda", pool=pool, settings=settings) as episode:
                     episode.workspace.copy_solution(solution)
                     result = episode.evaluate(Mode.PROFILE)
                 if not result.correct:
@@ -83,25 +159,43 @@ def main() -> int:
                 for name, timing in (("candidate", result.runtime), ("eager", result.eager)):
                     values[name].append(timing.median_ms)
                     spans[name].append([timing.min_ms * 1e3, timing.max_ms * 1e3])
+                    made_of[name].append(summary(caught.runs.get(name), caught.windows.get(name), gpu))
+                    alternative[name].append(alternative_medians_us(caught.runs.get(name)))
+                    calls[name].append(caught.runs.get(name, {}))
                 # A job's fastest call tells a job-wide shift (every call slower: placement, clocks) from
-                # a share of its calls slowed (host launch past the cover, interference).
-                print(f"cover {cover:g} us, job {job}: candidate {result.runtime.median_ms * 1e3:.1f} us "
-                      f"({result.runtime.min_ms * 1e3:.1f}-{result.runtime.max_ms * 1e3:.1f}), eager "
-                      f"{result.eager.median_ms * 1e3:.1f} us ({result.eager.min_ms * 1e3:.1f}-{result.eager.max_ms * 1e3:.1f})",
-                      flush=True)
+                # a share of its calls slowed (host launch past the cover, interference); the details say
+                # whether the launch outran the cover or the charge for late work moved.
+                slowest = sorted(result.steps_s.items(), key=lambda item: -item[1])[:5]
+                print(f"cover {cover:g} us, job {job} ({result.duration_s:.1f} s; "
+                      + ", ".join(f"{step} {seconds:.1f}" for step, seconds in slowest) + "):", flush=True)
+                for name, timing in (("candidate", result.runtime), ("eager", result.eager)):
+                    parts = made_of[name][-1]
+                    print(f"    {name:9} {timing.median_ms * 1e3:7.1f} us ({timing.min_ms * 1e3:.1f}-{timing.max_ms * 1e3:.1f})"
+                          + "".join(f"  {key} {value}" for key, value in parts.items())
+                          + "  alternative rule: " + ", ".join(f"{k} {v}" for k, v in alternative[name][-1].items()), flush=True)
             for name, times in values.items():
                 median = statistics.median(times)
                 rows[f"{name}, cover {cover:g} us"] = {
                     "launch_cover_us": cover, "median_us": median * 1e3, "min_us": min(times) * 1e3,
                     "max_us": max(times) * 1e3, "spread_pct": (max(times) - min(times)) / median * 100,
                     "do_bench_us": peer[name] * 1e3, "vs_do_bench_pct": (median / peer[name] - 1) * 100,
-                    "jobs_us": [t * 1e3 for t in times], "jobs_min_max_us": spans[name],
+                    "jobs_us": [t * 1e3 for t in times], "jobs_min_max_us": spans[name], "jobs_made_of": made_of[name],
+                    "jobs_alternative_us": alternative[name], "jobs_calls": calls[name],
                 }
-    print(f"\n{'':24} {'median us':>10} {'min':>8} {'max':>8} {'spread %':>9} {'do_bench us':>12} {'vs do_bench %':>14}")
+                for key in alternative[name][0] if alternative[name] else ():
+                    alt = [job[key] for job in alternative[name]]
+                    rows[f"{name}, cover {cover:g} us, {key}"] = {
+                        "launch_cover_us": cover, "median_us": statistics.median(alt), "min_us": min(alt), "max_us": max(alt),
+                        "spread_pct": (max(alt) - min(alt)) / statistics.median(alt) * 100, "do_bench_us": peer[name] * 1e3,
+                        "vs_do_bench_pct": (statistics.median(alt) / (peer[name] * 1e3) - 1) * 100, "jobs_us": alt,
+                    }
+    print(f"\n{args.solution}, {args.elements} elements")
+    print(f"{'':42} {'median us':>10} {'min':>8} {'max':>8} {'spread %':>9} {'do_bench us':>12} {'vs do_bench %':>14}")
     for name, row in rows.items():
-        print(f"{name:24} {row['median_us']:10.1f} {row['min_us']:8.1f} {row['max_us']:8.1f} {row['spread_pct']:9.2f} "
+        print(f"{name:42} {row['median_us']:10.1f} {row['min_us']:8.1f} {row['max_us']:8.1f} {row['spread_pct']:9.2f} "
               f"{row['do_bench_us']:12.1f} {row['vs_do_bench_pct']:14.2f}")
-    args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, indent=2))
+    args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                     "solution": args.solution, "elements": args.elements, "rows": rows}, indent=2))
     return 0
 
 

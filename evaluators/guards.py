@@ -15,6 +15,7 @@ about correctness (it compares outputs itself) and checks timing against its own
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import types
@@ -174,3 +175,55 @@ class Integrity:
 
     def new_threads(self) -> list[str]:
         return [t.name for t in threading.enumerate() if t.ident not in self._threads and t.is_alive()]
+
+
+# Bound before any candidate code is imported: replacing them later changes nothing here.
+_listdir, _getpid, _os_open, _os_read, _os_close = os.listdir, os.getpid, os.open, os.read, os.close
+
+
+def _stat(pid: int) -> tuple[str, str, int] | None:
+    """A process's name, state letter and parent pid, from /proc/PID/stat (None once it is gone)."""
+    try:
+        fd = _os_open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            text = _os_read(fd, 4096).decode(errors="replace")
+        finally:
+            _os_close(fd)
+        head, _, tail = text.rpartition(")")
+        fields = tail.split()
+        return head.partition("(")[2], fields[0], int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Processes:
+    """Processes that appeared in this process's pid namespace since it was made (before the
+    candidate's code was imported), other than this process and its ancestors.
+
+    The device-wide synchronise that charges work left running after a timed call sees this
+    process's CUDA context only: a helper process with a context of its own, fed the inputs
+    through CUDA IPC, could compute after the end mark unseen. Honest kernels run in the
+    evaluated process, so any other live process is reported. Only meaningful in a pid namespace
+    of the child's own (bubblewrap), where /proc lists nothing else."""
+
+    def __init__(self):
+        self._before = set(self._others())
+
+    @staticmethod
+    def _others() -> dict[int, str]:
+        me = _getpid()
+        mine, pid = {me}, me
+        while pid > 1 and (found := _stat(pid)) is not None:
+            pid = found[2]
+            mine.add(pid)
+        live = {}
+        for entry in _listdir("/proc"):
+            if entry.isdigit() and int(entry) not in mine:
+                found = _stat(int(entry))
+                if found is not None and found[1] not in "ZXx":  # a dead process waiting to be reaped runs nothing
+                    live[int(entry)] = found[0]
+        return live
+
+    def new(self) -> list[str]:
+        """The new live processes, as "PID (name)"."""
+        return [f"{pid} ({name})" for pid, name in sorted(self._others().items()) if pid not in self._before]

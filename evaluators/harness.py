@@ -33,6 +33,8 @@ from kernel_env.evaluators.timing import fingerprints_match
 from kernel_env.languages import get_language
 
 _MAX_OUTPUT_FILE = 4 << 30
+_PROCESSES_MESSAGE = ("ModelNew started other processes, {when} ({pids} in the evaluation sandbox); kernels must "
+                      "run in the evaluated process, where the timing sees them")
 # What the kernel's clock may see beyond a timed call's own marks (lower quartile over the calls):
 # two socket sends and the scheduler, plus a proportional margin.
 _WALL_SLACK_RATIO = 0.5
@@ -123,26 +125,35 @@ class _Evaluation:
         self.child_device = "cuda:0" if self.gpu else "cpu"
         self.warm = warm_children(self.gpu)
 
+    @contextlib.contextmanager
+    def step(self, name: str):
+        """Add the wall time of the block to ``result.steps_s[name]``."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            steps = self.result.steps_s
+            steps[name] = round(steps.get(name, 0.0) + time.monotonic() - started, 4)
+
     def child(self, role: str) -> Child:
         """This job's ``role`` child: a spare when warm children are on, else one started now."""
         label = f"job-{self.job.job_id}"
-        try:
-            if self.warm:
-                child = _SPARES.take(role, env=self.env, gpu=self.gpu, label=label)
-            else:
-                child = Child.spawn(role, env=self.env, gpu=self.gpu, label=label)
-        except (ChildError, OSError) as exc:
-            self.fail(f"the {role} process could not be started (this machine's fault, not your code's): {exc}")
+        with self.step(f"{role}: start"):
+            try:
+                if self.warm:
+                    child = _SPARES.take(role, env=self.env, gpu=self.gpu, label=label)
+                else:
+                    child = Child.spawn(role, env=self.env, gpu=self.gpu, label=label)
+            except (ChildError, OSError) as exc:
+                self.fail(f"the {role} process could not be started (this machine's fault, not your code's): {exc}")
         self.children.append(child)
         return child
 
     def finish(self) -> None:
-        """End the job's children, remove their folders, and have spares ready for the next job."""
-        for child in self.children:
-            child.discard()
-        if self.warm:
-            for role in dict.fromkeys(child.role for child in self.children):
-                _SPARES.prepare(role, env=self.env, gpu=self.gpu)
+        """End the job's children and remove their folders (their successors are already starting)."""
+        with self.step("end children"):
+            for child in self.children:
+                child.discard()
 
     def fail(self, message: str, *, compiled: bool = True, log: str = "") -> None:
         self.result.error = message
@@ -178,7 +189,8 @@ class _Evaluation:
         except ChildError as exc:
             self.fail(f"the reference task failed, not your code: {exc}", log=child.log_tail())
         finally:
-            child.close()  # its outputs stay in its folder until finish()
+            with self.step("reference: close"):
+                child.close()  # its outputs stay in its folder until finish()
 
     def _reference_steps(self, child: Child, trial_seeds, checked_seeds, fp_seed, init_seed) -> dict:
         setup = self._ask(child, "setup", "running the reference task", device=self.child_device,
@@ -218,13 +230,14 @@ class _Evaluation:
         s, result = self.s, self.result
         child = self.child("candidate")
         self.cand_dir = child.host_paths["/job/cand"]
-        for name in ("init_inputs.pt", "state_dict.pt"):
-            shutil.copy2(self.ref_dir / name, self.cand_dir / name)
-        # The snapshot is the broker's copy (regular files only); the child sees this copy read-only.
-        shutil.copytree(self.job.snapshot_dir, child.host_paths["/job/snapshot"], symlinks=True, dirs_exist_ok=True)
+        with self.step("candidate: copy files"):
+            for name in ("init_inputs.pt", "state_dict.pt"):
+                shutil.copy2(self.ref_dir / name, self.cand_dir / name)
+            # The snapshot is the broker's copy (regular files only); the child sees this copy read-only.
+            shutil.copytree(self.job.snapshot_dir, child.host_paths["/job/snapshot"], symlinks=True, dirs_exist_ok=True)
         try:
             self._ask(child, "setup", "starting the candidate process", device=self.child_device,
-                      out_dir=child.path("/job/cand"), task_code=self.job.task_code)
+                      out_dir=child.path("/job/cand"), task_code=self.job.task_code, pid_namespace=child.isolated)
             cand_dir = child.path("/job/cand")
             loaded = self._ask(child, "cand_load", "loading ModelNew", snapshot=child.path("/job/snapshot"), language=self.language.name,
                                init_inputs=f"{cand_dir}/init_inputs.pt", state_dict=f"{cand_dir}/state_dict.pt", init_seed=init_seed)
@@ -235,13 +248,16 @@ class _Evaluation:
             trials = self._ask(child, "cand_trials", "running ModelNew", seeds=trial_seeds)
             if trials.get("error"):
                 self.fail(trials["error"], log=child.log_tail())
-            self.check_trials(reference["trials"], trials["trials"])
+            with self.step("compare trials"):
+                self.check_trials(reference["trials"], trials["trials"])
             if self.timed and result.correct and not result.violations:
                 self.time_candidate(child, timed_seeds, checked, fp_seed, reference["fingerprints"])
             integrity = self._ask(child, "cand_integrity", "checking the candidate process")
             result.violations += [f"ModelNew changed the harness: {c}" for c in integrity["changes"]]
             if integrity["new_threads"]:
                 result.violations.append(f"ModelNew left threads running ({', '.join(integrity['new_threads'][:3])}); work must finish inside forward")
+            if integrity.get("processes"):
+                result.violations.append(_PROCESSES_MESSAGE.format(when="left behind", pids=", ".join(integrity["processes"][:5])))
         except ChildError as exc:
             self.fail(str(exc), log=child.log_tail())
         finally:
@@ -280,6 +296,8 @@ class _Evaluation:
             if found.get("torch_ops"):
                 ops = ", ".join(f"{name} x{count}" for name, count in sorted(found["torch_ops"].items())[:8])
                 result.violations.append(f"torch computes inside ModelNew.forward{suffix} ({ops}); all compute must be in your own kernels")
+            if found.get("processes"):
+                result.violations.append(_PROCESSES_MESSAGE.format(when=f"running{suffix or ' (trials)'}", pids=", ".join(found["processes"][:5])))
             if self.language.name == "triton" and found.get("triton_launches", 0) == 0:
                 result.violations.append(f"ModelNew.forward launched no Triton kernel{suffix}; compute must happen in Triton kernels")
         result.violations = list(dict.fromkeys(result.violations))
@@ -290,9 +308,10 @@ class _Evaluation:
         if warm.get("error"):
             self.fail(warm["error"], log=child.log_tail())
         audit_at = sorted(secrets.SystemRandom().sample(range(len(timed_seeds)), min(s.audited_timed_calls, len(timed_seeds))))
-        answer, marks = child.call("cand_time", s.job_timeout_s, **_streamed(timed_seeds), warmup_seeds=[],
-                                  flush_bytes=self._flush_bytes(), launch_cover_us=s.launch_cover_us, fp_seed=fp_seed,
-                                  audit_at=audit_at)
+        with self.step("candidate: cand_time"):
+            answer, marks = child.call("cand_time", s.job_timeout_s, **_streamed(timed_seeds), warmup_seeds=[],
+                                      flush_bytes=self._flush_bytes(), launch_cover_us=s.launch_cover_us, fp_seed=fp_seed,
+                                      audit_at=audit_at)
         if not answer.get("ok") or answer.get("error"):
             self.fail(answer.get("error") or "timing failed", log=child.log_tail())
         times, prints = answer["times_ms"], answer["fingerprints"]
@@ -301,6 +320,11 @@ class _Evaluation:
             result.correct = False
             return
         self.check_rules(answer.get("audits", []), expected=len(audit_at), when="during timing")
+        if answer.get("processes"):
+            result.violations.append(_PROCESSES_MESSAGE.format(when="running during timing", pids=", ".join(answer["processes"][:5])))
+        if answer.get("threads"):
+            result.violations.append(f"ModelNew had threads running during timing ({', '.join(answer['threads'][:3])}); "
+                                     "work must finish inside forward")
         if result.violations:
             result.correct = False
             return
@@ -319,7 +343,8 @@ class _Evaluation:
             result.correct = False
 
     def _ask(self, child: Child, cmd: str, doing: str, timeout: float | None = None, **payload) -> dict:
-        answer, _ = child.call(cmd, timeout or self.s.step_timeout_s, **payload)
+        with self.step(f"{child.role}: {cmd}"):
+            answer, _ = child.call(cmd, timeout or self.s.step_timeout_s, **payload)
         if not answer.get("ok"):
             self.fail(f"{doing} failed: {answer.get('error')}", log=child.log_tail())
         return answer

@@ -33,11 +33,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
-from kernel_env.sandbox.bwrap import PidNamespace, base_argv, bubblewrap_problem, gpu_device_binds, spawn
+from kernel_env.sandbox.bwrap import PidNamespace, base_argv, bubblewrap_problem, gpu_device_binds, python_executable, spawn
 from kernel_env.sandbox.limits import Cgroup, Limits
 
 RUNNER_DIR = Path(__file__).resolve().parent
@@ -78,13 +79,14 @@ class Child:
         self._marks, child_marks = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._marks.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
         self._marks.setblocking(False)
-        runner = [sys.executable, "-I", "-B"]
+        python = python_executable()
+        runner = [python, "-I", "-B"]
         child_env = {
-            "PATH": f"{Path(sys.executable).parent}:/usr/local/cuda/bin:/usr/bin:/bin", "HOME": "/tmp/home",
+            "PATH": f"{Path(python).parent}:/usr/local/cuda/bin:/usr/bin:/bin", "HOME": "/tmp/home",
             "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
             "KE_REPLY_FD": str(write_fd), "KE_MARK_FD": str(child_marks.fileno()), **env,
         }
-        isolated = bubblewrap_problem() is None
+        self.isolated = isolated = bubblewrap_problem() is None  # bubblewrap: its own pid namespace
         if isolated:
             argv = base_argv(job_dir / f".{role}-identity", extra_ro_binds=())
             argv += gpu_device_binds() if gpu else []
@@ -296,17 +298,21 @@ def warm_children(gpu: bool) -> bool:
 
 
 class Spares:
-    """Evaluation children started ahead of their jobs, one per (role, environment) at most.
+    """Evaluation children started ahead of their jobs, ``depth`` per (role, environment).
 
     A spare is a ``Child.spawn`` like any other: its own sandbox, its own empty directories, its
     own key, and it serves exactly one job (a CUDA fault or anything a candidate left behind ends
     with it). What it has done ahead of time is to start Python and import torch, Triton and
     torch._dynamo, before any job's file exists or CUDA is touched, so a job that takes it waits
-    for none of that. ``prepare`` (at the end of a job) starts the next one in the background."""
+    for none of that. Taking a spare starts a successor at once, and jobs take the oldest: on an
+    H200 machine the imports took about 8 s, longer than a verification job (4 s), so with one
+    spare started as the job before ended, back-to-back jobs waited for most of the import; with
+    two started as jobs begin, each has two jobs' time to get ready."""
 
-    def __init__(self) -> None:
+    def __init__(self, depth: int = 2) -> None:
+        self.depth = depth
         self._lock = threading.Lock()
-        self._waiting: dict[tuple, Future[Child]] = {}
+        self._waiting: dict[tuple, deque[Future[Child]]] = {}
         self._closed = False
         self._starter = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kernel_env-spare")
         atexit.register(self.close)
@@ -316,9 +322,12 @@ class Spares:
         return role, tuple(sorted(env.items())), gpu
 
     def take(self, role: str, *, env: dict[str, str], gpu: bool, label: str) -> Child:
-        """A spare for this role and environment if one is alive, else a child started now."""
+        """The oldest spare for this role and environment if one is alive, else a child started
+        now; either way successors start importing for the jobs to come."""
         with self._lock:
-            waiting = self._waiting.pop(self._key(role, env, gpu), None)
+            queue = self._waiting.get(self._key(role, env, gpu))
+            waiting = queue.popleft() if queue else None
+        self.prepare(role, env=env, gpu=gpu)
         if waiting is not None:
             try:
                 child = waiting.result()
@@ -331,17 +340,16 @@ class Spares:
         return Child.spawn(role, env=env, gpu=gpu, label=label)
 
     def prepare(self, role: str, *, env: dict[str, str], gpu: bool) -> None:
-        """Start a spare for this role and environment in the background, unless one is there."""
-        key = self._key(role, env, gpu)
+        """Start spares for this role and environment in the background until ``depth`` wait."""
         with self._lock:
-            if self._closed or key in self._waiting:
-                return
-            self._waiting[key] = self._starter.submit(Child.spawn, role, env={**env, "KE_PRELOAD": "1"}, gpu=gpu,
-                                                      label="spare")
+            queue = self._waiting.setdefault(self._key(role, env, gpu), deque())
+            while not self._closed and len(queue) < self.depth:
+                queue.append(self._starter.submit(Child.spawn, role, env={**env, "KE_PRELOAD": "1"}, gpu=gpu,
+                                                  label="spare"))
 
     def close(self) -> None:
         with self._lock:
-            self._closed, waiting, self._waiting = True, list(self._waiting.values()), {}
+            self._closed, waiting, self._waiting = True, [f for q in self._waiting.values() for f in q], {}
         for future in waiting:
             try:
                 future.result(timeout=60).discard()

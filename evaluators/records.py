@@ -96,6 +96,7 @@ class EvalResult(BaseModel):
     reward: float | None = None
     snapshot_hash: str = ""
     duration_s: float = 0.0
+    steps_s: dict[str, float] = Field(default_factory=dict)  # where duration_s went: child starts, commands, comparisons
     log_tail: str = ""
 
     @property

@@ -76,6 +76,8 @@ class Runner:
         self.task: dict = {}
         self.model = None
         self.out_dir = Path(".")
+        self.pid_namespace = False
+        self.processes: guards.Processes | None = None  # the process watch (guards.Processes), from cand_load
 
     # ------------------------------------------------------------------ shared
 
@@ -93,6 +95,7 @@ class Runner:
         return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
     def cmd_setup(self, req: dict) -> dict:
+        self.pid_namespace = bool(req.get("pid_namespace"))  # a namespace of our own: /proc lists only our processes
         self.device = torch.device(req["device"])
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -125,14 +128,15 @@ class Runner:
             del out, outputs, inputs, pristine
         return reports
 
-    def _time(self, req: dict, fn, audit=None) -> dict:
+    def _time(self, req: dict, fn, audit=None, after_call=None) -> dict:
+        details: dict = {}
         times, prints = timing.time_calls(
             fn, self.make_inputs, _streamed_seeds(req), self.device, warmup_seeds=req.get("warmup_seeds", ()),
             flush_bytes=req["flush_bytes"], launch_cover_us=req.get("launch_cover_us", 0.0),
             fp_seed=req["fp_seed"], signal=self.channel.mark,
-            audit=audit, audit_at=req.get("audit_at", ()),
+            audit=audit, audit_at=req.get("audit_at", ()), details=details, after_call=after_call,
         )
-        return {"times_ms": times, "fingerprints": prints}
+        return {"times_ms": times, "fingerprints": prints, "details": details}
 
     # ------------------------------------------------------------------ reference
 
@@ -202,6 +206,7 @@ class Runner:
         self.launches = guards.KernelLaunchCounter()
         self.launches.install()
         self.integrity = guards.Integrity()
+        self.processes = guards.Processes() if self.pid_namespace else None
         sys.path.insert(0, str(snapshot))
         sys.path.insert(0, str(snapshot / "build"))
         init = torch.load(req["init_inputs"], weights_only=True)
@@ -239,7 +244,11 @@ class Runner:
         before = self.launches.launches
         with audit:
             out = self.model(*inputs)
-        return out, {"torch_ops": audit.forbidden, "triton_launches": self.launches.launches - before}
+        return out, {"torch_ops": audit.forbidden, "triton_launches": self.launches.launches - before,
+                     "processes": self._new_processes()}
+
+    def _new_processes(self) -> list[str]:
+        return self.processes.new() if self.processes is not None else []
 
     def cmd_cand_trials(self, req: dict) -> dict:
         try:
@@ -267,13 +276,22 @@ class Runner:
             timing.poison(out)
             audits.append(found)
 
+        processes: set[str] = set()  # alive after any timed call: work there escapes the end mark's synchronise
+        threads: set[str] = set()
+
+        def watch() -> None:
+            processes.update(self._new_processes())
+            threads.update(self.integrity.new_threads())
+
         try:
-            return {**self._time(req, self.model, audit), "audits": audits}
+            timed = self._time(req, self.model, audit, after_call=watch)
+            return {**timed, "audits": audits, "processes": sorted(processes), "threads": sorted(threads)}
         except Exception as exc:
             return {"error": _trimmed("ModelNew.forward (timed)", exc, None)}
 
     def cmd_cand_integrity(self, req: dict) -> dict:
-        return {"changes": self.integrity.changes(), "new_threads": self.integrity.new_threads()}
+        return {"changes": self.integrity.changes(), "new_threads": self.integrity.new_threads(),
+                "processes": self._new_processes()}
 
 
 def _streamed_seeds(req: dict):

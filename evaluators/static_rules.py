@@ -45,6 +45,13 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
      "reads a clock (timing is the evaluator's job; a clock in forward is a way to tell audited calls from timed ones)"),
     (r"\bos\.(?!path\b)\w+|\bopen\s*\(|\.\s*(?:write_text|write_bytes)\s*\(|\binput\s*\(",
      "touches the process, its environment, its descriptors or files (os.environ, os.write, open, input, ...)"),
+    # A process of its own has a CUDA context of its own, which the timing's device-wide
+    # synchronise does not wait for (the run-time process watch backs this up).
+    (r"\btorch\s*\.\s*(?:multiprocessing|distributed)\b|^[ \t]*from\s+torch\s+import\s+[^\n]*\b(?:multiprocessing|distributed)\b",
+     "starts or reaches other processes (torch.multiprocessing, torch.distributed); kernels run in the evaluated process"),
+    # C++ compiled from a Python string would pass every rule on kernels/ unread.
+    (r"\bcpp_extension\b|\bload_inline\b",
+     "compiles code at run time (build C++/CUDA with utils/compile.sh, where kernels/ is checked)"),
 )
 # C++/CUDA: torch operators (compute), the dispatcher's state, threads, run-time loading.
 _NATIVE_RULES: tuple[tuple[str, str], ...] = (
@@ -53,8 +60,11 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
      r"getCurrentCUDABlasHandle|CUDAGuard|OptionalCUDAGuard|getDefaultCUDAStream|CUDAStream)|"
      r"\bnamespace\s+\w+\s*=\s*(::)?(at|torch|c10)\b|##",
      "reaches past the dispatcher or into its thread-local state"),
-    (r"\bdlopen\s*\(|\bdlsym\s*\(|\bfork\s*\(|\bsystem\s*\(|\bpopen\s*\(|std::thread|std::async|std::jthread|pthread_create",
+    (r"\bdlopen\s*\(|\bdlsym\s*\(|\bfork\s*\(|\bsystem\s*\(|\bpopen\s*\(|\bposix_spawn\w*\s*\(|"
+     r"std::thread|std::async|std::jthread|pthread_create",
      "starts threads or processes, or loads code at run time (parallelise with OpenMP: `#pragma omp parallel for`)"),
+    (r"\bcudaIpc\w+|\bcuIpc\w+|\bcuMem(?:Export|Import)\w*",
+     "shares device memory with other processes (CUDA IPC); kernels run in the evaluated process"),
     # A binding defines functions (`m.def(...)`, `pybind11::arg`) and nothing more: from C++ the
     # interpreter is as open as from Python (frames, modules, the harness's objects), past every
     # Python rule above, so reaching into it is refused by name.
@@ -68,7 +78,7 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
     (r"std::chrono|\b(?:clock_gettime|gettimeofday|__rdtsc|rdtsc|cudaEventElapsedTime|clock|clock64|time)\s*\(",
      "reads a clock (timing is the evaluator's job; a clock is a way to tell audited calls from timed ones)"),
     (r"\b(?:fopen|freopen|fdopen|open|openat|creat|mmap|mprotect|ptrace|process_vm_\w+|syscall|prctl|vfork|execv\w*|execl\w*|"
-     r"symlink\w*|link|linkat|mkfifo\w*|mknod\w*|unlink\w*|rename\w*)\s*\(|"
+     r"symlink\w*|link|linkat|mkfifo\w*|mknod\w*|unlink\w*|rename\w*|unshare|setns|mount|umount2?|chroot|pivot_root)\s*\(|"
      r"(?<![.>\w])(?:clone|read|write|pread\w*|pwrite\w*|readv|writev|send|sendto|sendmsg|recv|recvfrom|recvmsg|ioctl|dup[23]?)\s*\(|"
      r"\bstd::[io]?fstream\b",
      "touches files, file descriptors, memory mappings or the process itself (open, read/write, mmap, syscall, ...)"),

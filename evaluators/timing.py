@@ -186,7 +186,8 @@ def time_calls(
     fn: Callable, make_inputs: Callable[[int], list], seeds: Iterable[int], device: torch.device, *,
     warmup_seeds: Sequence[int] = (), flush_bytes: int = 256 << 20, launch_cover_us: float = 0.0, fp_seed: int = 0,
     signal: Callable[[str, int], None] | None = None,
-    audit: Callable[[list], None] | None = None, audit_at: Sequence[int] = (),
+    audit: Callable[[list], None] | None = None, audit_at: Sequence[int] = (), details: dict | None = None,
+    after_call: Callable[[], None] | None = None,
 ) -> tuple[list[float], list[list[dict]]]:
     """Milliseconds of each timed call, and each call's output fingerprint.
 
@@ -194,7 +195,16 @@ def time_calls(
     mark of call k: the evaluation child forwards these to the trusted parent, whose own
     clock then brackets every timed call. ``audit(inputs)`` runs an extra, untimed call on fresh
     inputs after each call whose index is in ``audit_at``, so rule checks reach the timing run
-    at positions the code under test cannot predict.
+    at positions the code under test cannot predict. ``after_call()`` runs after every timed
+    call's end signal, outside the measurement (the candidate's process watch).
+
+    ``details``, when given, is filled with what each timing is made of, for diagnosis (nothing
+    decides on it): ``launch_us`` (host time from the start mark until the call returned, which
+    the launch cover hides up to its length), ``charged_ms`` (the part of the time added for work
+    still running after the end mark), ``tail_ms`` (end mark to the mark after the synchronise),
+    ``idle_tail_ms`` (the same after a cache flush instead of a call, right after each call) and
+    ``allowance_ms`` (the idle tail measured before the first call, which ``charged_ms`` is
+    relative to).
     """
     marks = _Marks(device)
     flush = torch.empty(max(flush_bytes // 4, 1), dtype=torch.float32, device=device)
@@ -216,22 +226,33 @@ def time_calls(
             del out
         allowance = _tail_allowance(marks, flush)
         times, prints = [], []
+        trace = {"launch_us": [], "charged_ms": [], "tail_ms": [], "idle_tail_ms": [], "allowance_ms": allowance}
         for index, seed in enumerate(seeds):
             inputs = make_inputs(seed)
             ready()
             if signal:
                 signal("start", index)
             start = marks.mark()
+            launched = _perf_counter_ns()
             out = fn(*inputs)
+            returned = _perf_counter_ns()
             end = marks.mark()
             marks.sync()
             after = marks.mark()
             # Work the call left running on other streams ends before ``after``: charge
             # whatever the device-wide synchronise waited beyond its usual latency.
-            hidden = max(0.0, marks.elapsed_ms(end, after) - allowance)
+            tail = marks.elapsed_ms(end, after)
+            hidden = max(0.0, tail - allowance)
             times.append(marks.elapsed_ms(start, end) + hidden)
             if signal:
                 signal("end", index)
+            if after_call is not None:
+                after_call()
+            if details is not None:
+                trace["launch_us"].append((returned - launched) / 1e3)
+                trace["charged_ms"].append(hidden)
+                trace["tail_ms"].append(tail)
+                trace["idle_tail_ms"].append(_tail_allowance(marks, flush, rounds=1))
             prints.append(fingerprint(out, fp_seed))
             poison(out)
             del out, inputs
@@ -241,6 +262,8 @@ def time_calls(
                 audit(inputs)
                 marks.sync()
                 del inputs
+    if details is not None:
+        details.update(trace)
     return times, prints
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from support import TINY_TASK, memory_limit_skip_reason, process_limit_skip_reason
 from kernel_env.sandbox.base import SandboxError
+from kernel_env.sandbox.bwrap import python_executable
 from kernel_env.sandbox.limits import Limits
 
 # ----------------------------------------------------------------------------- helpers
@@ -209,6 +210,20 @@ def test_read_only_binds_under_the_host_tmp_stay_visible(make_sandbox, tmp_path)
     assert sandbox.exec(f"test -e {tmp_path}/beside_the_toolchain.txt").exit_code == 1  # the rest stays private
     sandbox.close()
     assert not (tools / "evil").exists()
+
+
+def test_an_interpreter_started_by_a_path_through_other_folders_still_starts_sandboxes(make_sandbox, tmp_path, monkeypatch):
+    """``../.venv/bin/python`` run from a subfolder makes sys.executable pass through that subfolder,
+    which no sandbox binds: the sandbox must start the interpreter by a path it can reach."""
+    detour = tmp_path / "some" / "subfolder"
+    detour.mkdir(parents=True)
+    monkeypatch.setattr(sys, "executable", str(detour) + "/" + os.path.relpath(sys.executable, detour))
+    assert ".." in sys.executable and os.path.exists(sys.executable)
+    assert ".." not in python_executable() and os.path.samefile(python_executable(), sys.executable)
+    sandbox = make_sandbox()
+    _usable(sandbox)
+    assert sandbox.exec("python3 -c 'print(6 * 7)'").output == "42\n"
+    sandbox.close()
 
 
 # ----------------------------------------------------------------------------- network

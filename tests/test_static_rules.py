@@ -57,6 +57,13 @@ NATIVE_REFUSED = {
     "dup2": ("dup2(5, 1);", PROCESS),
     "symlink": ('symlink("/dev/zero", "/job/cand/cand_trial_0.pt");', PROCESS),
     "clone": ("clone(child, stack, 0, nullptr);", PROCESS),
+    # A process of its own (own CUDA context, fed through CUDA IPC) is past the timing's synchronise.
+    "posix_spawn": ('posix_spawn(&pid, "/usr/bin/python3", nullptr, nullptr, argv, envp);', "starts threads or processes"),
+    "cuda-ipc": ("cudaIpcGetMemHandle(&handle, x.data_ptr<float>());", "shares device memory with other processes"),
+    "cu-mem-export": ("cuMemExportToShareableHandle(&fd, alloc, type, 0);", "shares device memory with other processes"),
+    # ... and so is a view of /proc made by a namespace of its own.
+    "unshare": ("unshare(0x00020000 | 0x10000000);", PROCESS),
+    "mount": ('mount("none", "/proc", "tmpfs", 0, nullptr);', PROCESS),
     "asm-syscall": ('asm volatile("mov $1, %%rax; syscall" ::: "rax");', ASM_SYSCALL),
     # A clock tells audited calls (slower under the audit) from timed ones.
     "chrono": ("auto t0 = std::chrono::steady_clock::now();", NATIVE_CLOCK),
@@ -101,6 +108,12 @@ PYTHON_REFUSED = {
     "elapsed_time": ("ms = begin.elapsed_time(end)", PYTHON_CLOCK),
     "enable_timing": ("event = torch.cuda.Event(enable_timing=True)", PYTHON_CLOCK),
     "do_bench": ("from triton.testing import do_bench", PYTHON_CLOCK),
+    "torch.multiprocessing": ("helper = torch.multiprocessing.get_context('spawn').Process(target=exec, args=(CODE,))",
+                              "starts or reaches other processes"),
+    "from-torch-import-distributed": ("from torch import distributed as dist", "starts or reaches other processes"),
+    "from-torch-import-multiprocessing": ("from torch import multiprocessing", HARNESS),
+    "load_inline": ("module = torch.utils.cpp_extension.load_inline('k', cpp_sources=SOURCE)", "compiles code at run time"),
+    "from-cpp_extension": ("from torch.utils.cpp_extension import load", "compiles code at run time"),
 }
 
 PYTHON_ALLOWED = {

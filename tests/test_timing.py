@@ -126,3 +126,15 @@ def test_the_launch_cover_compiles_for_hopper_and_ends_every_block_at_one_deadli
     swap, barrier, read = ptx.index("atom.global.acq_rel.gpu.cas.b64"), ptx.index("bar.sync"), ptx.index("ld.volatile.global.b64")
     assert swap < barrier < read
     assert ptx.count("%globaltimer") >= 2
+
+
+def test_time_calls_reports_what_each_timing_is_made_of():
+    details: dict = {}
+    times, _ = time_calls(lambda x, y: torch.relu(x + y), _inputs, [1, 2, 3], torch.device("cpu"),
+                          flush_bytes=1 << 20, details=details)
+    for key in ("launch_us", "charged_ms", "tail_ms", "idle_tail_ms"):
+        assert len(details[key]) == len(times), key
+        assert all(value >= 0 for value in details[key]), key
+    assert details["allowance_ms"] >= 0
+    # A time is the call's own span plus the charge: never less than the charge.
+    assert all(t >= c for t, c in zip(times, details["charged_ms"]))

@@ -91,6 +91,16 @@ def etc_files() -> list[str]:
     return [f"/etc/{name}" for name in _ETC_FILES if (Path("/etc") / name).exists()]
 
 
+def python_executable() -> str:
+    """The running interpreter as a sandbox can reach it: its directory resolved (no ``..``, no
+    linked directory), its own name kept (a venv's ``python`` link must stay in the venv's bin).
+
+    A sandbox binds the interpreter's prefixes (``python_prefixes``), not the directories a start
+    like ``../.venv/bin/python`` from a subfolder went through, where ``sys.executable`` is
+    ``/path/subfolder/../.venv/bin/python``."""
+    return os.path.join(os.path.realpath(os.path.dirname(sys.executable)), os.path.basename(sys.executable))
+
+
 def python_prefixes() -> list[str]:
     """The running interpreter's installation (venv and base Python) where /usr and /opt do not hold it."""
     return [prefix for prefix in sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})

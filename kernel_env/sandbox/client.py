@@ -20,7 +20,6 @@ import logging
 import os
 import selectors
 import subprocess
-import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -29,6 +28,7 @@ from typing import Protocol
 
 from kernel_env import headers
 from kernel_env.sandbox.base import BackgroundJob, ExecResult, FileInfo, SandboxError
+from kernel_env.sandbox.bwrap import python_executable
 from kernel_env.workspace import PROTECTED, Workspace
 
 log = logging.getLogger(__name__)
@@ -280,4 +280,4 @@ def _job(r: dict) -> BackgroundJob:
 
 def python_bin_dir() -> str:
     """The directory of the running interpreter (the venv's bin), put on the sandbox's PATH."""
-    return str(Path(sys.executable).parent)
+    return str(Path(python_executable()).parent)

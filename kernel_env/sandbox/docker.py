@@ -36,7 +36,9 @@ from pathlib import Path
 
 from kernel_env.headers import SANDBOX_HEADERS, host_folder
 from kernel_env.sandbox.base import SandboxError
-from kernel_env.sandbox.bwrap import SANDBOX_UID, etc_files, identity_files, python_prefixes, toolchain_tops, write_new_file
+from kernel_env.sandbox.bwrap import (
+    SANDBOX_UID, etc_files, identity_files, python_executable, python_prefixes, toolchain_tops, write_new_file,
+)
 from kernel_env.sandbox.client import (
     SANDBOX_BIN,
     SANDBOX_BROKER,
@@ -345,7 +347,7 @@ class DockerSandbox(ServerSandbox):
         super().__init__(workspace, SANDBOX_WORKDIR)
         self.isolated = True
         self.image = image
-        self.python = python or (sys.executable if image is None else IMAGE_PYTHON)
+        self.python = python or (python_executable() if image is None else IMAGE_PYTHON)
         self.limits = limits or Limits()
         self.cpus = max(0.01, min(cpus, float(os.cpu_count() or 1)))
         self.network = network

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kernel_env.headers import SANDBOX_HEADERS, host_folder
 from kernel_env.sandbox.base import SandboxError
-from kernel_env.sandbox.bwrap import SANDBOX_UID, PidNamespace, base_argv, bubblewrap_problem, spawn
+from kernel_env.sandbox.bwrap import SANDBOX_UID, PidNamespace, base_argv, bubblewrap_problem, python_executable, spawn
 from kernel_env.sandbox.client import (
     SANDBOX_BIN,
     SANDBOX_BROKER,
@@ -148,7 +148,7 @@ class LocalSandbox(ServerSandbox):
         return argv
 
     def _argv(self, command: list[str] | None = None) -> list[str]:
-        python = sys.executable
+        python = python_executable()
         command = command or [python, "-I", "-B", SANDBOX_SERVER if self.isolated else str(SERVER)]
         if not self.isolated:
             self.workspace.state_dir.mkdir(exist_ok=True)

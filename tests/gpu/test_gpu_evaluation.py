@@ -104,6 +104,19 @@ def test_side_stream_work_that_does_not_wait_is_timed_honestly(pool, tmp_path):
     assert side.runtime_ms >= 0.8 * fused.runtime_ms, (side.runtime_ms, fused.runtime_ms)
 
 
+@pytest.mark.xfail(strict=False, reason="known gap (docs/design.md, Known limits): work on a side stream is charged only "
+                   "beyond the synchronise tail's allowance, tens of microseconds; not run yet")
+def test_a_small_side_stream_kernel_is_not_measured_faster_than_the_same_kernel_on_the_current_stream(pool, tmp_path):
+    """At 1M elements the fused kernel takes a few microseconds: work left on a side stream after the
+    end mark, charged only beyond the allowance for the synchronise's own latency, could be free."""
+    task = Task(id="example/relu_add_1M", source="example",
+                code=resolve_task("example/relu_add").code.replace("N = 1 << 24", "N = 1 << 20"))
+    fused = _evaluate(pool, task, _triton_solution(tmp_path, "turn4_fused"), mode=Mode.PROFILE)
+    side = _evaluate(pool, task, _triton_solution(tmp_path, "side_stream_no_wait"), mode=Mode.PROFILE)
+    assert fused.correct and side.correct, side.summary()
+    assert side.runtime_ms >= 0.9 * fused.runtime_ms, (side.runtime_ms, fused.runtime_ms)
+
+
 def test_torch_in_calls_that_find_the_device_busy_is_caught(pool, tmp_path):
     """Audited calls of the timing run meet the device as timed calls do (the cover running), so
     a candidate that uses torch whenever the stream is busy is audited doing it."""
