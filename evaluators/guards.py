@@ -148,6 +148,9 @@ def preload() -> None:
         pass
 
 
+_current_frames = sys._current_frames  # bound before any candidate code is imported
+
+
 class Integrity:
     """Snapshot of what the harness relies on; ``changes()`` lists what was replaced since."""
 
@@ -157,7 +160,7 @@ class Integrity:
         self._snapshot = {name: _identities(obj) for name, obj in self._objects.items()}
         self._flags = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
                        torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
-        self._threads = {t.ident for t in threading.enumerate()}
+        self._threads = set(_current_frames())
 
     def changes(self) -> list[str]:
         found = []
@@ -174,7 +177,11 @@ class Integrity:
         return found
 
     def new_threads(self) -> list[str]:
-        return [t.name for t in threading.enumerate() if t.ident not in self._threads and t.is_alive()]
+        """Threads started since the snapshot, by the interpreter's own list of thread states: a
+        thread started with ``_thread`` (reachable through any module that imported threading) is
+        not in ``threading.enumerate()``."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        return [names.get(ident, f"a low-level thread ({ident})") for ident in _current_frames() if ident not in self._threads]
 
 
 # Bound before any candidate code is imported: replacing them later changes nothing here.

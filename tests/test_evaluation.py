@@ -85,7 +85,8 @@ TRITON_VERIFY = [
     "audit_patched", "audit_patched_evasive", "audit_base_patched", "runner_patched", "runner_patched_evasive",
     "mutate_input",
     "view_of_input", "uninit", "stale_buffer", "patch_timers", "patch_torch_checks",
-    "patch_rng", "thread_deferred", "thread_left_running", "thread_left_running_evasive", "loosen_tolerance",
+    "patch_rng", "thread_deferred", "thread_left_running", "thread_left_running_evasive", "thread_hidden_via_torch",
+    "loosen_tolerance",
     "exit_in_forward", "sys_exit_in_forward", "exit_at_import", "sys_exit_at_import", "huge_alloc",
     "subclass_output", "read_reference",
 ]
@@ -514,6 +515,13 @@ def test_a_thread_left_running_is_rejected(jobs):
 
 def test_a_low_level_thread_left_running_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "thread_left_running_evasive"), "threads")
+
+
+def test_a_low_level_thread_started_through_torchs_own_modules_is_rejected(jobs):
+    """No import names a thread module, so the source rules pass it; the interpreter's list of thread
+    states still has it."""
+    assert check_sources(jobs.snapshot("triton", "thread_hidden_via_torch")) == []
+    assert_rejected(jobs.verify("triton", "thread_hidden_via_torch"), "left threads running")
 
 
 @pytest.mark.parametrize(("name", "mode", "reason"), [
