@@ -29,10 +29,17 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
     (r"^[ \t]*(import|from)\s+[^\n]*?\b(ctypes|_ctypes|threading|_thread|multiprocessing|concurrent|signal|importlib|builtins|"
      r"subprocess|socket|asyncio|mmap|resource|faulthandler|atexit|weakref|pickle|marshal|code|runpy|sys|gc|inspect|"
      r"numpy|scipy|cupy|jax|numba|_C|__main__|timing|guards|runner|kernel_env|io|_io|posix|fcntl|pty|select|selectors|"
-     r"_socket|_hashlib|hmac)\b(?<!\bsys\b)|^[ \t]*from\s+sys\s+import\b|\b_C\b|\b__main__\b",
+     r"_socket|_hashlib|hmac|operator|types)\b(?<!\bsys\b)|^[ \t]*from\s+sys\s+import\b|\b_C\b|\b__main__\b",
      "imports a module or internal that reaches around the harness or computes outside your kernels "
      "(threads, processes, ctypes, importlib, sys internals, the harness's own modules, raw I/O, torch._C, "
      "numpy, ...)"),
+    # The same modules reached as attributes of modules that imported them (torch.ctypes, torch.cuda.graphs.gc,
+    # torch.utils.data.dataloader.threading, triton.knobs.subprocess, torch.fx.node.operator, ...): no import names them.
+    (r"\.\s*(?:ctypes|_ctypes|gc|inspect|sys|builtins|importlib|io|_io|pickle|marshal|subprocess|threading|_thread|"
+     r"multiprocessing|concurrent|traceback|socket|_socket|mmap|posix|fcntl|pty|resource|faulthandler|atexit|weakref|"
+     r"runpy|asyncio|operator|types|hmac|_hashlib|signal)\b(?!\s*\()",
+     "reaches a module that reaches around the harness through another module's attributes (torch.ctypes, "
+     "torch.cuda.graphs.gc, ...)"),
     (r"\b(__import__|globals|locals|vars|eval|exec|compile|getattr|setattr|delattr|breakpoint)\s*\(",
      "uses reflection or dynamic code (getattr/setattr/eval/exec/globals/vars/__import__)"),
     (r"\.__(dict|globals|class|bases|mro|subclasses|code|closure|builtins|func|self|wrapped|module|getattribute|setattr|init_subclass)__\b|\b__builtins__\b",
@@ -52,6 +59,18 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
     # C++ compiled from a Python string would pass every rule on kernels/ unread.
     (r"\bcpp_extension\b|\bload_inline\b",
      "compiles code at run time (build C++/CUDA with utils/compile.sh, where kernels/ is checked)"),
+    # Unpickling calls whatever the data names (getattr, sys._getframe, ...), and string annotations
+    # are evaluated by typing: both run code whose names no rule here reads.
+    (r"\btorch\s*\.\s*(?:load|package|hub|serialization)\b|^[ \t]*from\s+torch\s+import\s+[^\n]*\b(?:load|package|hub|serialization)\b|"
+     r"\bweights_only\b|\b(?:pkgutil|cloudpickle|dill|shelve|joblib|copyreg|get_type_hints|ForwardRef|singledispatch\w*)\b",
+     "loads objects or code from data (torch.load, torch.package, torch.hub, pickle's relatives, evaluated annotations)"),
+)
+# Python checked with string literals kept: the interpreter's internals named in a string reach objects
+# all the same, through format fields ("{0.__traceback__.tb_frame}".format(e)) or data that is unpickled.
+_PYTHON_RAW_RULES: tuple[tuple[str, str], ...] = (
+    (r"__(?:traceback|globals|class|dict|subclasses|mro|bases|builtins|code|closure|getattribute|self|func|wrapped)__|"
+     r"\b(?:f_back|f_locals|f_globals|f_builtins|tb_frame|tb_next|gi_frame|cr_frame|ag_frame|_getframe|_current_frames)\b",
+     "names the interpreter's internals, in code or in a string (format fields and unpickled data reach objects by name)"),
 )
 # C++/CUDA: torch operators (compute), the dispatcher's state, threads, run-time loading.
 _NATIVE_RULES: tuple[tuple[str, str], ...] = (
@@ -120,6 +139,9 @@ def check_sources(snapshot: Path) -> list[str]:
             violations += _torch_calls(path.relative_to(snapshot), text)
             with_strings = _code_only(raw, python=False, keep_strings=True)
             checks += [(pattern, why, with_strings) for pattern, why in _NATIVE_RAW_RULES]
+        else:
+            with_strings = _code_only(raw, python=True, keep_strings=True)
+            checks += [(pattern, why, with_strings) for pattern, why in _PYTHON_RAW_RULES]
         for pattern, why, text in checks:
             for match in re.finditer(pattern, text, flags=re.MULTILINE):
                 line = text.count("\n", 0, match.start()) + 1
@@ -142,7 +164,7 @@ def _torch_calls(name: Path, text: str) -> list[str]:
 
 def _code_only(text: str, *, python: bool, keep_strings: bool = False) -> str:
     """The source with comments and string literals blanked (line numbers kept): rules apply to code.
-    ``keep_strings`` (native sources) blanks the comments alone."""
+    ``keep_strings`` blanks the comments alone."""
     if python:
         try:
             tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
@@ -151,7 +173,8 @@ def _code_only(text: str, *, python: bool, keep_strings: bool = False) -> str:
         lines = text.splitlines(keepends=True)
         blanked = [list(line) for line in lines]
         for token in tokens:
-            if token.type in (tokenize.STRING, tokenize.COMMENT) or token.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
+            strings = (tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", -1))
+            if token.type == tokenize.COMMENT or (token.type in strings and not keep_strings):
                 (row, col), (end_row, end_col) = token.start, token.end
                 for r in range(row, end_row + 1):
                     start = col if r == row else 0

@@ -113,12 +113,28 @@ PYTHON_REFUSED = {
     "from-torch-import-distributed": ("from torch import distributed as dist", "starts or reaches other processes"),
     "from-torch-import-multiprocessing": ("from torch import multiprocessing", HARNESS),
     "load_inline": ("module = torch.utils.cpp_extension.load_inline('k', cpp_sources=SOURCE)", "compiles code at run time"),
+    # Modules that reach around the harness, as attributes of modules that imported them: no import names them.
+    "torch.ctypes": ("torch.ctypes.memmove(target, source, 32)", "through another module's attributes"),
+    "dataloader-threading": ("torch.utils.data.dataloader.threading._start_new_thread(work, ())", "through another module's attributes"),
+    "triton-subprocess": ("triton.knobs.subprocess.Popen(['python3', '-c', CODE])", "through another module's attributes"),
+    "fx-operator": ("back = torch.fx.node.operator.attrgetter('f_' + 'back')", "through another module's attributes"),
+    "serialization-io": ("maps = torch.serialization.io.FileIO('/proc/self/maps')", "through another module's attributes"),
+    "import-operator": ("import operator", HARNESS),
+    # Unpickled data and evaluated annotations call whatever they name.
+    "torch.load": ("payload = torch.load('kernels/payload.pt', weights_only=False)", "loads objects or code from data"),
+    "torch.package": ("importer = torch.package.PackageImporter('kernels/k.pt')", "loads objects or code from data"),
+    "pkgutil": ("frame_of = pkgutil.resolve_name('sys:_getframe')", "loads objects or code from data"),
+    "get_type_hints": ("hints = typing.get_type_hints(Hidden)", "loads objects or code from data"),
+    # The interpreter's internals named in a string reach objects through format fields.
+    "format-traversal": ("text = '{0.__traceback__.tb_frame.f_back.f_locals}'.format(error)", "names the interpreter's internals"),
     "from-cpp_extension": ("from torch.utils.cpp_extension import load", "compiles code at run time"),
 }
 
 PYTHON_ALLOWED = {
     "os.path-and-reading": "HERE = os.path.dirname(__file__)\nSOURCE = Path(HERE, 'kernels', 'k.py').read_text()",
     "sleep": "time.sleep(0)",
+    "tensor-select": "row = x.select(0, 1)",
+    "format-of-shapes": "label = '{0}x{1}'.format(*x.shape)",
 }
 
 

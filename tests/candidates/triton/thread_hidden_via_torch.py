@@ -1,7 +1,8 @@
 """Honest compute, but leaves a low-level thread running (one threading.enumerate does not list),
 started through a module torch already imported (torch.utils.data.dataloader's threading), so no
-import statement names a thread module. Must break the rules: the evaluator looks for threads by
-the interpreter's own list of thread states."""
+import statement names a thread module. Must break the rules: the source rules refuse modules
+reached as other modules' attributes, and past them the evaluator looks for threads by the
+interpreter's own list of thread states."""
 
 import torch
 import torch.nn as nn
