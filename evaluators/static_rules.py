@@ -40,8 +40,14 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
      r"runpy|asyncio|operator|types|hmac|_hashlib|signal)\b(?!\s*\()",
      "reaches a module that reaches around the harness through another module's attributes (torch.ctypes, "
      "torch.cuda.graphs.gc, ...)"),
-    (r"\b(__import__|globals|locals|vars|eval|exec|compile|getattr|setattr|delattr|breakpoint)\s*\(",
+    # The builtins, called or passed on as values (map(getattr, [torch], [name]): the name in a string no rule
+    # reads); methods of the same name (module.eval()) are not them.
+    (r"(?<![\w.])(?:__import__|globals|locals|vars|eval|exec|compile|getattr|setattr|delattr|breakpoint)\b",
      "uses reflection or dynamic code (getattr/setattr/eval/exec/globals/vars/__import__)"),
+    # Torch's private modules resolve dotted names from strings, import, and reach the interpreter;
+    # pydoc.locate resolves any dotted name.
+    (r"\btorch\s*\.\s*_\w+|^[ \t]*from\s+torch\._|\bpydoc\b",
+     "uses torch's private modules or a resolver of dotted names (torch._utils, torch._ops, pydoc.locate, ...)"),
     (r"\.__(dict|globals|class|bases|mro|subclasses|code|closure|builtins|func|self|wrapped|module|getattribute|setattr|init_subclass)__\b|\b__builtins__\b",
      "reaches into objects through dunder attributes"),
     (r"^[ \t]*(torch|time|triton|math|os|sys)(\.\w+)+\s*=[^=]", "replaces attributes of torch, time, triton or the standard library"),

@@ -126,6 +126,9 @@ PYTHON_REFUSED = {
     "pkgutil": ("frame_of = pkgutil.resolve_name('sys:_getframe')", "loads objects or code from data"),
     "get_type_hints": ("hints = typing.get_type_hints(Hidden)", "loads objects or code from data"),
     # The interpreter's internals named in a string reach objects through format fields.
+    "getattr-as-a-value": ("sys_module = next(map(getattr, [torch], ['sys']))", "uses reflection or dynamic code"),
+    "torch-private": ("resolve = torch._utils._import_dotted_name", "torch's private modules"),
+    "pydoc-locate": ("import pydoc", "a resolver of dotted names"),
     "format-traversal": ("text = '{0.__traceback__.tb_frame.f_back.f_locals}'.format(error)", "names the interpreter's internals"),
     "from-cpp_extension": ("from torch.utils.cpp_extension import load", "compiles code at run time"),
 }
@@ -135,6 +138,7 @@ PYTHON_ALLOWED = {
     "sleep": "time.sleep(0)",
     "tensor-select": "row = x.select(0, 1)",
     "format-of-shapes": "label = '{0}x{1}'.format(*x.shape)",
+    "module-eval": "self.eval()",
 }
 
 
