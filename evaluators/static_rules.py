@@ -37,7 +37,7 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
     # torch.utils.data.dataloader.threading, triton.knobs.subprocess, torch.fx.node.operator, ...): no import names them.
     (r"\.\s*(?:ctypes|_ctypes|gc|inspect|sys|builtins|importlib|io|_io|pickle|marshal|subprocess|threading|_thread|"
      r"multiprocessing|concurrent|traceback|socket|_socket|mmap|posix|fcntl|pty|resource|faulthandler|atexit|weakref|"
-     r"runpy|asyncio|operator|types|hmac|_hashlib|signal)\b(?!\s*\()",
+     r"runpy|asyncio|operator|types|hmac|_hashlib|signal|mp|python_multiprocessing|reducer)\b(?!\s*\()",
      "reaches a module that reaches around the harness through another module's attributes (torch.ctypes, "
      "torch.cuda.graphs.gc, ...)"),
     # The builtins, called or passed on as values (map(getattr, [torch], [name]): the name in a string no rule
@@ -48,6 +48,9 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
     # pydoc.locate resolves any dotted name.
     (r"\btorch\s*\.\s*_\w+|^[ \t]*from\s+torch\._|\bpydoc\b",
      "uses torch's private modules or a resolver of dotted names (torch._utils, torch._ops, pydoc.locate, ...)"),
+    # FX graphs call methods and fetch attributes by name (call_method, get_attr): getattr by string.
+    (r"\btorch\s*\.\s*(?:fx|export)\b|^[ \t]*from\s+torch\s+import\s+[^\n]*\b(?:fx|export)\b",
+     "uses torch's graph machinery (torch.fx, torch.export), which reaches attributes by name"),
     (r"\.__(dict|globals|class|bases|mro|subclasses|code|closure|builtins|func|self|wrapped|module|getattribute|setattr|init_subclass)__\b|\b__builtins__\b",
      "reaches into objects through dunder attributes"),
     (r"^[ \t]*(torch|time|triton|math|os|sys)(\.\w+)+\s*=[^=]", "replaces attributes of torch, time, triton or the standard library"),

@@ -129,6 +129,8 @@ PYTHON_REFUSED = {
     "getattr-as-a-value": ("sys_module = next(map(getattr, [torch], ['sys']))", "uses reflection or dynamic code"),
     "torch-private": ("resolve = torch._utils._import_dotted_name", "torch's private modules"),
     "pydoc-locate": ("import pydoc", "a resolver of dotted names"),
+    "fx-get-attr": ("graph = torch.fx.Graph()", "torch's graph machinery"),
+    "aliased-multiprocessing": ("helper = torch.utils.data.dataloader.python_multiprocessing.Process()", "through another module's attributes"),
     "format-traversal": ("text = '{0.__traceback__.tb_frame.f_back.f_locals}'.format(error)", "names the interpreter's internals"),
     "from-cpp_extension": ("from torch.utils.cpp_extension import load", "compiles code at run time"),
 }
