@@ -365,6 +365,35 @@ def test_timing_on_a_device_waits_for_sharers_and_holds_new_ones_back():
     assert order == ["a in", "a out", "timing", "b in", "b out"]
 
 
+
+def test_a_candidate_out_of_memory_is_judged_again_with_no_other_screening_alive(monkeypatch):
+    """On a GPU, twelve screenings' processes hold memory even while they wait for the timing gate:
+    an out-of-memory retry must wait until none is alive, not just until none is timing."""
+    from kernel_env.synth import filter as filter_module
+
+    lock, live, seen = threading.Lock(), [0], {}
+
+    def fake_screen(code, task_id, settings, **kwargs):
+        with lock:
+            live[0] += 1
+            attempt = seen.setdefault(task_id, [])
+            attempt.append(live[0])
+        try:
+            time.sleep(0.1 if task_id == "big" else 0.6)
+            if task_id == "big" and len(attempt) == 1:
+                return Screening(task_id=task_id, kept=False, reasons=["out of memory"], out_of_memory=True)
+            return Screening(task_id=task_id, kept=True)
+        finally:
+            with lock:
+                live[0] -= 1
+
+    monkeypatch.setattr(filter_module, "screen", fake_screen)
+    with Screener(FilterSettings(device="cpu", jobs_per_device=3)) as screener:
+        futures = [screener.submit("", name) for name in ("big", "a", "b", "c", "d", "e")]
+        results = {f.result().task_id: f.result() for f in futures}
+    assert results["big"].kept
+    assert seen["big"][1] == 1  # judged again alone, not while "a" and "b" still held their memory
+
 # ----------------------------------------------------------------------------- decontamination
 
 EVAL_GEMM = textwrap.dedent(

@@ -24,7 +24,8 @@ checks overlap each other. torch.compile runs outside the gate: compiling is min
 work that a waiting timer would otherwise stall every screening behind, and the compiled
 model's two short runs are noise a median of ten timed calls absorbs. The CPUs are shared
 among the processes compiling at once (``compile_threads``). A candidate that ran out of
-memory alongside others is judged again with the device to itself. A candidate whose process
+memory alongside others is judged again once no other screening's process is alive on that
+device (their contexts and caches hold memory even while they wait). A candidate whose process
 died or hung is rejected only after a trivial task's process is seen to work (else the machine
 is at fault: FilterError). Children of one run share a torch.compile cache directory, so each
 compile does not start cold.
@@ -315,6 +316,10 @@ class Screener:
         self._own_cache = cache_dir is None
         self.cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="synth-compile-cache-"))
         self._gates = {d: DeviceGate() for d in devices}
+        # Held shared by every screening for the life of its process, exclusively by a retry after
+        # running out of memory: only then is the device's memory free of other processes' contexts
+        # and caches (a timing gate does not free what a waiting process holds).
+        self._occupancy = {d: DeviceGate() for d in devices}
         self._slots: queue.Queue[str] = queue.Queue()
         for _ in range(max(1, settings.jobs_per_device)):
             for d in devices:
@@ -347,15 +352,17 @@ class Screener:
                 self._children.add(child)
 
         try:
-            result = screen(code, task_id, self.settings, device=device, gate=self._gates[device],
-                            cache_dir=self.cache_dir, on_child=remember)
+            with self._occupancy[device].shared():
+                result = screen(code, task_id, self.settings, device=device, gate=self._gates[device],
+                                cache_dir=self.cache_dir, on_child=remember)
             if self._closing:
                 return result  # killed by close(abort=True): no verdict anyone will record
             if result.crashed:
                 self._check_isolation(device)
             if result.out_of_memory and self.workers > 1:
-                # Other screenings held memory on this device: judge it again with the device to itself.
-                with self._gates[device].exclusive():
+                # Other screenings' processes held memory on this device: judge it again once none is
+                # left, with the device to itself.
+                with self._occupancy[device].exclusive():
                     result = screen(code, task_id, self.settings, device=device, gate=DeviceGate(),
                                     cache_dir=self.cache_dir, on_child=remember)
             return result

@@ -104,11 +104,12 @@ def test_side_stream_work_that_does_not_wait_is_timed_honestly(pool, tmp_path):
     assert side.runtime_ms >= 0.8 * fused.runtime_ms, (side.runtime_ms, fused.runtime_ms)
 
 
-@pytest.mark.xfail(strict=False, reason="known gap (docs/design.md, Known limits): work on a side stream is charged only "
-                   "beyond the synchronise tail's allowance, tens of microseconds; not run yet")
+@pytest.mark.xfail(strict=False, reason="known gap (docs/design.md, Known limits): side-stream work is charged only beyond "
+                   "the idle synchronise plus a few microseconds; on an H100 this 8.7 us kernel measured 1.3 us on a side stream "
+                   "in 3 of 5 jobs (and passed in one run of this test)")
 def test_a_small_side_stream_kernel_is_not_measured_faster_than_the_same_kernel_on_the_current_stream(pool, tmp_path):
-    """At 1M elements the fused kernel takes a few microseconds: work left on a side stream after the
-    end mark, charged only beyond the allowance for the synchronise's own latency, could be free."""
+    """At 1M elements the fused kernel takes a few microseconds, about what a device-wide synchronise
+    takes with nothing pending: work left on a side stream that short is not told from that cost."""
     task = Task(id="example/relu_add_1M", source="example",
                 code=resolve_task("example/relu_add").code.replace("N = 1 << 24", "N = 1 << 20"))
     fused = _evaluate(pool, task, _triton_solution(tmp_path, "turn4_fused"), mode=Mode.PROFILE)
