@@ -264,7 +264,8 @@ def time_calls(
             marks.sync()
             poison(out)
             del out
-        idle = _idle_tails(marks, flush, rounds=10)
+        idle_before = _idle_tails(marks, flush, rounds=10)
+        idle_after = []  # one reading after each call
         own, tails, launches, prints = [], [], [], []
         for index, seed in enumerate(seeds):
             marks.use_default_stream()
@@ -284,7 +285,7 @@ def time_calls(
             if after_call is not None:
                 after_call()
             launches.append((returned - launched) / 1e3)
-            idle += _idle_tails(marks, flush, rounds=1)
+            idle_after += _idle_tails(marks, flush, rounds=1)
             prints.append(fingerprint(out, fp_seed))
             poison(out)
             del out, inputs
@@ -295,10 +296,10 @@ def time_calls(
                 audit(inputs)
                 marks.sync()
                 del inputs
-    allowance = statistics.median(idle) + _TAIL_SLACK_MS
+    allowance = statistics.median(idle_before + idle_after) + _TAIL_SLACK_MS
     charged = [max(0.0, tail - allowance) for tail in tails]
     if details is not None:
-        details.update(launch_us=launches, tail_ms=tails, idle_tail_ms=idle[10:],
+        details.update(launch_us=launches, tail_ms=tails, idle_tail_ms=idle_after,
                        allowance_ms=allowance, charged_ms=charged)
     return [t + c for t, c in zip(own, charged)], prints
 
