@@ -3,7 +3,8 @@
 Parsing torch's and pybind11's headers is about half of a binding source's compile time.
 ``precompile(language)`` runs the workspace's own ``utils/build.py --precompile`` here, on the
 host, so the header fits the compiler and flags a sandbox's build uses; the result lands in
-``headers_dir()/<key>/``, one key per compiler and flags. Every sandbox mounts that folder
+``headers_dir()/<key>/``, one key per compiler and flags, with the object of the protected
+``binding.cpp`` built against it, and the toolchain's torch settings beside. Every sandbox mounts that folder
 read-only at ``SANDBOX_HEADERS`` (``$KE_HEADERS`` in its environment): one episode cannot
 change what another one's build includes. A build that finds no header for its key (none made
 yet, another toolchain, ``KERNEL_ENV_PRECOMPILED_HEADERS=0``) compiles as before.
@@ -67,7 +68,10 @@ def precompile(language: str, *, timeout: float = 900.0) -> subprocess.Completed
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process making the same header: wait, then find it there
         workspace = Path(scratch)
         (workspace / "utils").mkdir()
-        shutil.copy(data_dir("workspace_template") / "utils" / "build.py", workspace / "utils" / "build.py")
+        template = data_dir("workspace_template")
+        shutil.copy(template / "utils" / "build.py", workspace / "utils" / "build.py")
+        for fixed in ("binding.cpp", "binding_registry.h"):  # compiled once here, linked by every workspace
+            shutil.copy(template / fixed, workspace / fixed)
         (workspace / "SKILL.md").write_text(f"---\nname: {language}\n---\n")
         env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
         return subprocess.run([sys.executable, "-B", str(workspace / "utils" / "build.py"), "--precompile", str(root)],

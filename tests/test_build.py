@@ -147,6 +147,16 @@ def test_editing_one_kernel_recompiles_only_that_object_and_relinks(cpp_ws):
     assert "(3 objects, 1 rebuilt" in last_line(proc)
 
 
+def test_a_kernel_edit_that_needs_no_new_symbol_relinks_without_the_load_check(cpp_ws):
+    loaded = cpp_ws.path / "build" / ".loaded.json"  # written by the last load check that passed
+    before = loaded.stat().st_mtime_ns
+    kernel = cpp_ws.path / "kernels" / "relu_add.cpp"
+    touch_later(kernel, kernel.read_text().replace("const float v", "const float  v"))
+    proc = compile_ws(cpp_ws)
+    assert proc.returncode == 0 and "LINK build/cuda_extension" in proc.output, proc.output
+    assert loaded.stat().st_mtime_ns == before  # the module needs what the last one that loaded did
+
+
 def test_editing_a_kernel_header_recompiles_the_sources_that_include_it(cpp_ws):
     kernels = cpp_ws.path / "kernels"
     (kernels / "relu_add_config.h").write_text("#pragma once\nconstexpr int kUnused = 1;\n")

@@ -43,12 +43,21 @@ def _rules(ws: Workspace) -> dict[str, str]:
     return {source: rule for rule, source in re.findall(r"^build \S+\.o: (\w+) (\S+)$", text, re.M)}
 
 
+def _linked(ws: Workspace) -> list[str]:
+    text = (ws.path / "build" / "build.ninja").read_text()
+    return re.search(r"^build \S+: link (.*)$", text, re.M).group(1).split()
+
+
 def test_the_host_precompiles_one_header_per_toolchain_readable_by_all(precompiled):
     header = Path(precompiled)
     assert header.parent.parent == headers.headers_dir()
     assert Path(f"{header}.gch").stat().st_size > 1 << 20
     assert oct(header.parent.stat().st_mode & 0o777) == "0o755"
-    assert not list(headers.headers_dir().glob(".partial-*"))
+    (binding,) = header.parent.glob("binding-*.o")  # binding.cpp's object, built with the header
+    (settings,) = headers.headers_dir().glob("toolchain-*.json")  # torch's settings, found without importing it
+    for made in (binding, settings):
+        assert oct(made.stat().st_mode & 0o777) == "0o644"
+    assert not list(headers.headers_dir().glob(".partial-*")) and not list(header.parent.glob(".partial-*"))
 
 
 def test_a_sandbox_build_includes_them_in_the_torch_sources_only(headers_on, make_sandbox):
@@ -57,8 +66,20 @@ def test_a_sandbox_build_includes_them_in_the_torch_sources_only(headers_on, mak
     result = sandbox.exec("bash utils/compile.sh", timeout=600)
     assert result.exit_code == 0, result.output
     assert "precompiled torch headers" in result.output and "BUILD OK" in result.output, result.output
-    assert _rules(sandbox.workspace) == {"binding.cpp": "cxx_pch", "kernels/relu_add_binding.cpp": "cxx_pch",
+    assert _rules(sandbox.workspace) == {"kernels/relu_add_binding.cpp": "cxx_pch",
                                          "kernels/relu_add.cpp": "cxx"}  # relu_add.cpp is plain C++
+    # binding.cpp is the host's object, linked as it is: a fixed, protected file compiled once per toolchain.
+    assert any(re.search(r"/binding-\w+\.o$", item) for item in _linked(sandbox.workspace)), _linked(sandbox.workspace)
+    assert "CXX binding.cpp" not in result.output and "binding.cpp prebuilt" in result.output
+
+
+def test_a_first_build_takes_the_torch_settings_from_the_host(headers_on, tmp_path):
+    ws = Workspace.create(resolve_task("example/relu_add"), "cpp", root=tmp_path)
+    ws.copy_solution(SOLUTION)
+    proc = compile_ws(ws, KE_HEADERS=str(headers.headers_dir()))
+    assert proc.returncode == 0, proc.output
+    settings = (ws.path / "build" / ".toolchain.json").read_text()
+    assert settings in {p.read_text() for p in headers.headers_dir().glob("toolchain-*.json")}
 
 
 def test_the_agent_cannot_change_them(headers_on, make_sandbox):
@@ -78,11 +99,11 @@ def test_a_build_begun_without_them_goes_on_without(precompiled, tmp_path):
     assert first.returncode == 0 and "precompiled" not in first.output, first.output
     again = compile_ws(ws, KE_HEADERS=str(headers.headers_dir()))
     assert "0 rebuilt" in last_line(again), again.output  # its arrival recompiles nothing
-    assert set(_rules(ws).values()) == {"cxx"}
+    assert set(_rules(ws).values()) == {"cxx"} and "binding.cpp" in _rules(ws)  # nor does the host's binding object
     shutil.rmtree(ws.path / "build")  # a fresh build takes it
     fresh = compile_ws(ws, KE_HEADERS=str(headers.headers_dir()))
     assert fresh.returncode == 0 and "precompiled torch headers" in fresh.output, fresh.output
-    assert _rules(ws)["kernels/relu_add_binding.cpp"] == "cxx_pch"
+    assert _rules(ws)["kernels/relu_add_binding.cpp"] == "cxx_pch" and "binding.cpp" not in _rules(ws)
 
 
 def test_a_header_that_disappears_is_no_longer_included(tmp_path):

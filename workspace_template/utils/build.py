@@ -12,7 +12,8 @@ What it does, by workspace kind (read from SKILL.md's ``name:``; without one, fr
   ``build/`` on ``sys.path``. Ninja rebuilds only what changed (header edits are tracked
   through compiler depfiles) and relinks. A freshly linked module is loaded (dlopen,
   RTLD_NOW) in a child process, which catches undefined symbols here rather than on the GPU
-  worker; duplicate REGISTER_BINDING names are caught from the sources. A failed build
+  worker (skipped, ~1 s, when it needs no symbol that the last module that loaded did not:
+  an edit inside a kernel); duplicate REGISTER_BINDING names are caught from the sources. A failed build
   removes the module (and build/build_info.json), so no stale build can be verified or
   profiled by mistake. A good one writes build/build_info.json: the sha256 of every source
   it was built from, so a later edit that was never built can be detected.
@@ -36,7 +37,10 @@ keyed on the Python, the torch install and this file.
 Precompiled torch headers: with ``$KE_HEADERS`` (a read-only folder the trusted host fills,
 see ``precompiled_header``), sources that start with a torch header are compiled with
 ``-include`` of the header precompiled for this compiler and these flags: about half of a
-binding source's compile time. ``--precompile DIR`` (the host's job, never a sandbox's) makes it.
+binding source's compile time. The same folder holds binding.cpp's object (a fixed, protected
+file: linked as it is, never compiled in a workspace) and the toolchain's torch settings (a
+first build need not import torch to find them). ``--precompile DIR`` (the host's job, never a
+sandbox's) makes them.
 
 It must never: write outside ``build/`` and a temp dir (utils/ is read-only: no
 __pycache__), use the network, use ccache, import or run ``model_new.py``, or leave an
@@ -165,20 +169,27 @@ def toolchain_key() -> str:
     torch_dir = Path(spec.origin).parent
     version_file = torch_dir / "version.py"
     stat = version_file.stat() if version_file.exists() else None
-    parts = [sys.executable, sys.version, str(torch_dir), str(stat and (stat.st_mtime_ns, stat.st_size)),
+    parts = [os.path.realpath(sys.executable), sys.version, str(torch_dir), str(stat and (stat.st_mtime_ns, stat.st_size)),
              hashlib.sha256(Path(__file__).read_bytes()).hexdigest()]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
 def torch_settings() -> dict:
-    """Include/lib dirs, C++ ABI and standard from torch; cached in build/.toolchain.json."""
+    """Include/lib dirs, C++ ABI and standard from torch; cached in build/.toolchain.json, and
+    read from the host's precompiled folder (``$KE_HEADERS/toolchain-<key>.json``, made by
+    ``--precompile`` with this same script and Python) before importing torch to find them."""
     key = toolchain_key()
-    try:
-        cached = json.loads(TOOLCHAIN_CACHE.read_text())
-        if cached.get("key") == key:
+    host = Path(os.environ[HEADERS_ENV]) / f"toolchain-{key}.json" if os.environ.get(HEADERS_ENV) else None
+    for cache in (TOOLCHAIN_CACHE, host):
+        try:
+            cached = json.loads(cache.read_text()) if cache else None
+        except (OSError, ValueError):
+            continue
+        if isinstance(cached, dict) and cached.get("key") == key:
+            if cache is host:
+                BUILD.mkdir(exist_ok=True)
+                TOOLCHAIN_CACHE.write_text(json.dumps(cached, indent=1))
             return cached
-    except (OSError, ValueError):
-        pass
     import logging
 
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # its CUDA_HOME guess is ours to make
@@ -327,21 +338,66 @@ def starts_with_torch(source: Path) -> bool:
     return False
 
 
+def binding_sources_hash() -> str | None:
+    """Names what binding.cpp compiles to: its text and binding_registry.h's (None without them)."""
+    try:
+        return hashlib.sha256(Path("binding.cpp").read_bytes() + b"\0" + Path("binding_registry.h").read_bytes()).hexdigest()[:20]
+    except OSError:
+        return None
+
+
+def prebuilt_binding(header: str | None) -> str | None:
+    """binding.cpp's object, compiled by the host beside the precompiled header it fits (both are
+    fixed, protected files: every workspace of a toolchain compiles them to the same object), or None."""
+    digest = binding_sources_hash()
+    if header is None or digest is None:
+        return None
+    found = Path(header).parent / f"binding-{digest}.o"
+    return str(found) if found.is_file() else None
+
+
 def precompile(root: Path) -> int:
-    """Precompile the torch headers for this workspace's toolchain into root/<key>/ (the
-    trusted host runs this, never a sandbox). Written to a scratch folder and renamed into
-    place, so a reader sees a whole header or none."""
+    """Precompile, for this workspace's toolchain, into root/<key>/: the torch headers, and the
+    object of binding.cpp built with them; and write the toolchain's settings to
+    root/toolchain-<key>.json (the trusted host runs this, never a sandbox). Each is written
+    under another name and renamed into place, so a reader sees a whole file or none."""
     start = time.monotonic()
     kind = workspace_kind()
     if kind == "triton":
         say("nothing to precompile: a Triton workspace builds no C++")
         return 0
-    flags = compiler_flags(kind, torch_settings(), find_cuda() if kind == "cuda" else None)
-    target = root / header_key(flags)
-    if (target / f"{PCH_NAME}.gch").is_file():
-        say(f"PRECOMPILED: {target / PCH_NAME} (already there)")
-        return 0
+    settings = torch_settings()
+    flags = compiler_flags(kind, settings, find_cuda() if kind == "cuda" else None)
     root.mkdir(parents=True, exist_ok=True)
+    _publish(root / f"toolchain-{settings['key']}.json", json.dumps(settings, indent=1).encode())
+    target = root / header_key(flags)
+    header = target / PCH_NAME
+    made = []
+    if not Path(f"{header}.gch").is_file():
+        problem = _precompile_header(root, target, flags)
+        if problem:
+            say(problem)
+            say("PRECOMPILE FAILED")
+            return 1
+        made.append(f"{Path(f'{header}.gch').stat().st_size >> 20} MB")
+    digest = binding_sources_hash()
+    if digest and not (target / f"binding-{digest}.o").is_file():
+        with tempfile.TemporaryDirectory(prefix="kernel_env_binding_") as scratch:
+            obj = Path(scratch) / "binding.o"
+            proc = subprocess.run([flags["cxx"], *flags["cxxflags"], "-include", str(header), "-c", "binding.cpp", "-o", str(obj)],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                say(clip(" ".join(proc.stderr.split())) or f"g++ exited with status {proc.returncode}")
+                say("PRECOMPILE FAILED (binding.cpp)")
+                return 1
+            _publish(target / f"binding-{digest}.o", obj.read_bytes())
+        made.append(f"binding-{digest}.o")
+    say(f"PRECOMPILED: {header} ({', '.join([*made, f'{time.monotonic() - start:.1f}s']) if made else 'already there'})")
+    return 0
+
+
+def _precompile_header(root: Path, target: Path, flags: dict) -> str | None:
+    """Make target/PCH_NAME(.gch) in a scratch folder renamed into place; the problem, or None."""
     for stale in root.glob(".partial-*"):  # left by a process killed while it compiled
         if time.time() - stale.stat().st_mtime > 3600:
             shutil.rmtree(stale, ignore_errors=True)
@@ -352,18 +408,22 @@ def precompile(root: Path) -> int:
                           capture_output=True, text=True)
     if proc.returncode != 0:
         shutil.rmtree(scratch, ignore_errors=True)
-        say(clip(" ".join(proc.stderr.split())) or f"g++ exited with status {proc.returncode}")
-        say("PRECOMPILE FAILED")
-        return 1
+        return clip(" ".join(proc.stderr.split())) or f"g++ exited with status {proc.returncode}"
     for path in (scratch, header, Path(f"{header}.gch")):
         path.chmod(0o755 if path.is_dir() else 0o644)  # every sandbox's user reads it
     try:
         scratch.rename(target)
     except OSError:  # another process put the same header in place first
         shutil.rmtree(scratch, ignore_errors=True)
-    size = Path(f"{target / PCH_NAME}.gch").stat().st_size >> 20
-    say(f"PRECOMPILED: {target / PCH_NAME} ({size} MB, {time.monotonic() - start:.1f}s)")
-    return 0
+    return None
+
+
+def _publish(path: Path, data: bytes) -> None:
+    """Write a file every sandbox's user may read, whole or not at all."""
+    partial = path.with_name(f".partial-{os.getpid()}-{path.name}")
+    partial.write_bytes(data)
+    partial.chmod(0o644)
+    partial.rename(path)
 
 
 # --------------------------------------------------------------------------- ninja file
@@ -458,11 +518,19 @@ def ninja_file(kind: str, sources: list[Path], artifact: str, settings: dict, cu
             "  description = NVCC $in",
             "",
         ]
+    binding = prebuilt_binding(header)
+    objects = []
     for src in sources:
+        if binding and src == Path("binding.cpp"):
+            objects.append(re.sub(r"([$ :])", r"$\1", binding))  # the host's, read-only: nothing to compile
+            continue
         rule = "cuda" if src.suffix == ".cu" else "cxx_pch" if header and starts_with_torch(src) else "cxx"
         lines.append(f"build {object_path(src)}: {rule} {src}")
-    lines.append(f"build {artifact}: link {' '.join(object_path(s) for s in sources)}")
+        objects.append(object_path(src))
+    lines.append(f"build {artifact}: link {' '.join(objects)}")
     lines.append(f"default {artifact}")
+    if binding:
+        describe += ", binding.cpp prebuilt"
     return "\n".join(lines) + "\n", describe
 
 
@@ -609,6 +677,45 @@ def load_check(artifact: str) -> str | None:
     return clip(text)
 
 
+LOADED = BUILD / ".loaded.json"  # the undefined symbols of the last module that loaded, and its link line
+
+
+def undefined_symbols(artifact: str) -> set[str] | None:
+    """The module's undefined dynamic symbols (nm -D), or None where nm cannot say."""
+    nm = find_tool("nm")
+    if not nm:
+        return None
+    try:
+        proc = subprocess.run([nm, "-D", "--undefined-only", artifact], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    return {line.split()[-1] for line in proc.stdout.splitlines() if line.strip()}
+
+
+def _link_key(ninja_text: str) -> str:
+    """What the module is linked against: the link flags (libraries, their folders, rpaths)."""
+    flags = re.search(r"^ldflags = (.*)$", ninja_text, re.M)
+    return hashlib.sha256((flags.group(1) if flags else "").encode()).hexdigest()[:20]
+
+
+def loaded_symbols(ninja_text: str) -> set[str]:
+    """The undefined symbols of the last module of this build that loaded, with the same link flags."""
+    try:
+        seen = json.loads(LOADED.read_text())
+    except (OSError, ValueError):
+        return set()
+    return set(seen.get("undefined", ())) if isinstance(seen, dict) and seen.get("link") == _link_key(ninja_text) else set()
+
+
+def remember_loaded(needs: set[str] | None, ninja_text: str) -> None:
+    if needs is None:
+        LOADED.unlink(missing_ok=True)
+    else:
+        LOADED.write_text(json.dumps({"link": _link_key(ninja_text), "undefined": sorted(needs)}))
+
+
 def remove_stale() -> str:
     """Delete the module after a failed build, so no stale build can be verified by mistake."""
     removed = []
@@ -647,7 +754,11 @@ def build_extension(kind: str, only: list[str], start: float) -> int:
     if kind == "cuda" and not any(s.suffix == ".cu" for s in sources):
         say("note: no kernels/*.cu; building the C++ files only")
 
-    rc, steps, ninja_errors = run_ninja(ninja, [object_path(s) for s in targets] if only else [])
+    built_here = [s for s in targets if f"build {object_path(s)}:" in text]  # binding.cpp may be the host's
+    if only and not built_here:
+        say(f"COMPILE OK: {', '.join(map(str, targets))} (precompiled by the host; nothing to compile)")
+        return 0
+    rc, steps, ninja_errors = run_ninja(ninja, [object_path(s) for s in built_here] if only else [])
     compiled = [s for s in steps if not s["action"].startswith("LINK")]
     failed = [s for s in steps if s["failed"]]
     elapsed = lambda: f"{time.monotonic() - start:.1f}s"  # noqa: E731
@@ -678,12 +789,17 @@ def build_extension(kind: str, only: list[str], start: float) -> int:
     if only:
         say(f"COMPILE OK: {', '.join(map(str, targets))} ({rebuilt} rebuilt, {elapsed()}); not linked: run bash utils/compile.sh to build the module")
         return 0
-    # A module that failed this check was removed, so an unchanged one has passed it before.
-    problem = load_check(artifact) if rebuilt or not Path(artifact).exists() else None
-    if problem:
-        say(f"loading {artifact} failed: {problem}")
-        say(f"BUILD FAILED: the module does not load{remove_stale()} ({elapsed()})")
-        return 1
+    # A module that failed this check was removed, so an unchanged one has passed it before; so
+    # has a relinked one that needs no symbol the last module that loaded did not (same libraries).
+    if rebuilt or not Path(artifact).exists():
+        needs = undefined_symbols(artifact)
+        if needs is None or not needs <= loaded_symbols(text):
+            problem = load_check(artifact)
+            if problem:
+                say(f"loading {artifact} failed: {problem}")
+                say(f"BUILD FAILED: the module does not load{remove_stale()} ({elapsed()})")
+                return 1
+            remember_loaded(needs, text)
     write_build_info(kind, artifact, settings)
     say(f"BUILD OK: {artifact} ({len(sources)} objects, {rebuilt} rebuilt, {elapsed()})")
     return 0
