@@ -409,7 +409,8 @@ def test_empty_and_scalar_outputs():
 def test_the_quick_check_of_passing_outputs_agrees_with_the_full_one(seed, monkeypatch):
     """Outputs that pass are judged by a few whole-tensor passes (compare._all_close), anything
     else by the full check: on random near misses, NaN, Inf and the tolerance's edge, both say
-    the same, with the same errors."""
+    the same, with the same errors (to float32's precision: the quick check of an output of 32
+    bits or fewer runs in float32)."""
     from kernel_env.evaluators import compare
 
     g = torch.Generator().manual_seed(seed)
@@ -432,4 +433,35 @@ def test_the_quick_check_of_passing_outputs_agrees_with_the_full_one(seed, monke
         torch.testing.assert_close(now, kept, rtol=0, atol=0, equal_nan=True)
     monkeypatch.setattr(compare, "_all_close", lambda *args: None)
     full = compare_outputs(0, ref, cand, ATOL, RTOL)
-    assert quick == full
+    assert (quick.correct, quick.message, quick.first_bad_index) == (full.correct, full.message, full.first_bad_index)
+    assert quick.max_abs_error == pytest.approx(full.max_abs_error, rel=1e-6)
+    assert quick.max_rel_error == pytest.approx(full.max_rel_error, rel=1e-6)
+
+
+@pytest.mark.parametrize("tolerance", [1e-2, 1e-3, 3e-5])
+def test_the_tolerance_boundary_of_float32_outputs_is_the_float64_rule(tolerance):
+    # The rule as the full check reads it, in float64 (where the difference of two float32
+    # values is exact): |cand - ref| <= atol + rtol * |ref|. Every element of ``inside`` is the
+    # farthest float32 that meets it; one step further out must fail, whichever element it is and
+    # whatever the reference's magnitude, though the quick check runs in float32.
+    dtype = torch.float32
+    generator = torch.Generator().manual_seed(7)
+    ref = (torch.randn(4096, generator=generator) * 10.0 ** torch.randint(-4, 5, (4096,), generator=generator)).to(dtype)
+    ref64 = ref.double()
+
+    def meets(cand: torch.Tensor) -> torch.Tensor:
+        return (cand.double() - ref64).abs() <= tolerance + tolerance * ref64.abs()
+
+    away = torch.full_like(ref, float("inf"))
+    inside = (ref64 + (tolerance + tolerance * ref64.abs())).to(dtype)
+    for _ in range(4):  # the rounded bound, moved to the last value that meets the rule
+        inside = torch.where(meets(inside), inside, torch.nextafter(inside, ref))
+        further = torch.nextafter(inside, away)
+        inside = torch.where(meets(further), further, inside)
+    assert bool(meets(inside).all()) and not bool(meets(torch.nextafter(inside, away)).any())
+    assert compare_outputs(0, ref, inside, tolerance, tolerance).correct
+    for index in torch.randint(0, 4096, (64,), generator=generator).tolist():
+        cand = inside.clone()
+        cand[index] = torch.nextafter(inside[index], away[index])
+        report = compare_outputs(0, ref, cand, tolerance, tolerance)
+        assert not report.correct and report.first_bad_index == [index]
