@@ -22,7 +22,10 @@ and the Finish step (waiting for the pool, then the final evaluation). Per run i
   torch's libraries, count in each).
 
     python benchmarks/concurrent_episodes.py --episodes 64 --json concurrent_episodes.json
-    python benchmarks/concurrent_episodes.py --device cuda --episodes 32,128,256 --json throughput_gpu.json
+    python benchmarks/concurrent_episodes.py --device cuda --episodes 32,128,256 --jobs-per-gpu 1,4 --json throughput_gpu.json
+
+``--jobs-per-gpu 1,4`` runs each count with one job per GPU at a time (the schedule before jobs
+shared a GPU) and with four (evaluators/sharing.py), in the same process.
 """
 
 from __future__ import annotations
@@ -84,14 +87,16 @@ class EpisodeTimes:
     evaluation_s: float = 0.0   # of which the harness itself (EvalResult.duration_s)
     correct: bool = False
     reward: float | None = None
+    runtime_ms: float | None = None           # the final evaluation's times, so a reward that differs
+    speedup_vs_compile: float | None = None   # between episodes of the same kernel says why
     error: str | None = None
 
 
-async def episode(index: int) -> EpisodeTimes:
+async def episode(index: int, pool: kernel_env.pool.GpuPool | None = None) -> EpisodeTimes:
     """One scripted episode; a failure is recorded, not raised (the benchmark counts errors)."""
     times = EpisodeTimes()
     env = kernel_env.make("KernelAgent-v0", task=TASK, language="triton", device=DEVICE, max_turns=len(POLICY) + 5,
-                          settings=SETTINGS)
+                          settings=SETTINGS, pool=pool)
     try:
         started = time.perf_counter()
         await env.areset()
@@ -110,6 +115,8 @@ async def episode(index: int) -> EpisodeTimes:
             raise RuntimeError(f"episode {index}: Finish did not end the episode")
         times.correct, times.reward = bool(info["final"]["correct"]), reward
         times.evaluation_s = env.final.duration_s if env.final is not None else 0.0
+        times.runtime_ms = info["final"].get("runtime_ms")
+        times.speedup_vs_compile = info["final"].get("speedup_vs_compile")
         if info["final"]["error"]:
             times.error = info["final"]["error"][:300]
     except Exception as exc:  # noqa: BLE001 - counted and shown
@@ -162,15 +169,15 @@ def _length(periods) -> float:
     return sum(end - begin for begin, end in periods)
 
 
-async def run(count: int, concurrency: int) -> dict:
+async def run(count: int, concurrency: int, jobs_per_gpu: int) -> dict:
     slots = asyncio.Semaphore(concurrency)
-
+    evaluator = kernel_env.pool.LocalPool(jobs_per_gpu=jobs_per_gpu)
     done = 0
 
     async def limited(index: int) -> EpisodeTimes:
         nonlocal done
         async with slots:
-            times = await episode(index)
+            times = await episode(index, evaluator)
         done += 1
         if done % max(1, count // 8) == 0 or times.error:
             print(f"  {done}/{count} episodes done; episode {index}: finish {times.finish_s:.1f} s "
@@ -181,11 +188,12 @@ async def run(count: int, concurrency: int) -> dict:
         started = time.perf_counter()
         results = await asyncio.gather(*(limited(i) for i in range(count)))
         wall = time.perf_counter() - started
+    evaluator.close()
     errors = [r.error for r in results if r.error or not r.correct]
     demand = pool.periods(running=False)
     busy = [s["utilization.gpu"] for begin, end in demand for s in gpu.samples_between(begin, end)] if DEVICE == "cuda" else []
     return {
-        "episodes": count, "concurrency": concurrency, "wall_s": round(wall, 1),
+        "episodes": count, "concurrency": concurrency, "jobs_per_gpu": jobs_per_gpu, "wall_s": round(wall, 1),
         "episodes_per_hour": round(3600 * count / wall),
         "jobs": len(pool.jobs), "jobs_waiting_or_running_s": round(_length(demand), 1),
         "pool_occupancy": round(_length(pool.periods(running=True)) / max(_length(demand), 1e-9), 3),
@@ -210,26 +218,32 @@ def main() -> None:
     parser.add_argument("--episodes", default="64", help="episodes of each main run, all at once (comma-separated counts)")
     parser.add_argument("--baseline-episodes", type=int, default=4, help="episodes of the baseline, one at a time")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--jobs-per-gpu", default=str(kernel_env.pool.default_jobs_per_gpu()),
+                        help="jobs a GPU runs at once (evaluators/sharing.py); comma-separated values are each run in turn "
+                             "for every --episodes count, e.g. 1,4 (the CPU always runs one)")
     parser.add_argument("--json", type=Path, default=Path("concurrent_episodes.json"))
     args = parser.parse_args()
     configure(args.device)
     counts = [int(c) for c in args.episodes.split(",")]
+    sharing = [int(j) for j in args.jobs_per_gpu.split(",")] if args.device == "cuda" else [1]
 
     async def all_runs() -> list[tuple[str, dict]]:
         await episode(-1)  # warm up: the baseline cache, Python's imports, the file cache
-        runs = [("sequential", await run(args.baseline_episodes, 1))]
+        runs = [("sequential", await run(args.baseline_episodes, 1, 1))]
         for count in counts:
-            runs.append((f"{count} at once", await run(count, count)))
-            print(f"{count} at once: {runs[-1][1]['wall_s']} s", flush=True)
+            for jobs in sharing:
+                name = f"{count} at once" + (f", {jobs}/GPU" if args.device == "cuda" else "")
+                runs.append((name, await run(count, count, jobs)))
+                print(f"{name}: {runs[-1][1]['wall_s']} s", flush=True)
         return runs
 
     runs = asyncio.run(all_runs())
     print(f"{args.device}, {TASK.name}:")
-    print(f"{'run':<13}{'episodes':>9}{'wall s':>9}{'eps/hour':>10}{'reset s':>9}{'tools s':>9}{'finish s':>10}"
+    print(f"{'run':<22}{'episodes':>9}{'wall s':>9}{'eps/hour':>10}{'reset s':>9}{'tools s':>9}{'finish s':>10}"
           f"{'max fin s':>11}{'pool occ':>10}{'gpu busy':>10}{'peak MB':>9}{'procs':>7}{'errors':>8}")
     for name, row in runs:
         busy = "-" if row["gpu_busy_fraction"] is None else f"{row['gpu_busy_fraction']:.3f}"
-        print(f"{name:<13}{row['episodes']:>9}{row['wall_s']:>9}{row['episodes_per_hour']:>10}{row['reset_s_mean']:>9}"
+        print(f"{name:<22}{row['episodes']:>9}{row['wall_s']:>9}{row['episodes_per_hour']:>10}{row['reset_s_mean']:>9}"
               f"{row['tools_s_mean']:>9}{row['finish_s_mean']:>10}{row['finish_s_max']:>11}{row['pool_occupancy']:>10.3f}"
               f"{busy:>10}{row['peak_tree_rss_mb']:>9}{row['peak_processes']:>7}{row['errors']:>8}")
     self_peak_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

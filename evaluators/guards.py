@@ -8,6 +8,8 @@
 - ``Integrity``: identities of the functions and classes the harness relies on, taken before
   the candidate is imported and compared afterwards, so monkey-patching a timer, a
   comparison or a random-number generator is reported.
+- ``DeviceRecord``: what the device itself ran during an audited call, on every stream (CUPTI,
+  through torch's Kineto), so work a call runs outside its marks is seen exactly.
 
 None of this is the last line: the parent process never trusts what the child reports
 about correctness (it compares outputs itself) and checks timing against its own clock.
@@ -75,6 +77,130 @@ def _copies_to_host(name: str, args, out) -> bool:
             and target.device.type == "cpu" and source.numel() > HOST_COPY_LIMIT)
 
 
+#: How far past its end mark an audited call's work may seem to run and still be honest: the mark
+#: comes from CUDA events (0.26 us steps) anchored at the end of the cover kernel, and honest calls
+#: (everything on the current stream, or side streams joined back) read at most +1.0 us on an H100
+#: (240 calls), against +4 to +63 us for a kernel left on a side stream.
+LATE_WORK_TOLERANCE_US = 2.0
+#: The record's clock and the events' drift apart (an honest call that spent ~1 s compiling its
+#: kernels read +8.4 us on an H100): the tolerance grows by this share of the call's length.
+RECORD_CLOCK_DRIFT = 1e-4
+#: How long before the start mark an audited call's work may seem to begin. Both ends are the
+#: record's own (the cover's end, the work's start), and work ordered after the start mark cannot
+#: begin before the cover has ended; but the cover's blocks free their SMs a few microseconds
+#: before the kernel counts as ended and the start mark is reached, and a kernel on a stream that
+#: does not wait for the current one takes them at once (on an H100, most of a 6 us kernel ran so).
+EARLY_WORK_TOLERANCE_US = 0.5
+
+
+def late_work_tolerance_us(call_ms: float) -> float:
+    """How far past its end mark an audited call of ``call_ms`` may seem to run and still be honest."""
+    return LATE_WORK_TOLERANCE_US + RECORD_CLOCK_DRIFT * call_ms * 1e3
+
+
+class DeviceRecord:
+    """The device's own record of one audited call: every kernel, copy and fill it ran, on any
+    stream, with the device's start and end times (CUPTI activity records, read through torch's
+    Kineto profiler; its entry points are bound before any candidate code is imported).
+
+    The timing's marks are events on the default stream: work on a stream ordered with neither
+    (one that does not wait for the current stream before its work, or is not joined back to it
+    before forward returns) can run before the start mark, beside the tail of the launch cover,
+    or after the end mark, where the timing sees it only through the host's clock and not below
+    a few microseconds. The record sees it exactly. It places the call's marks on its own clock
+    by the launch cover, the harness's kernel that runs right before the start mark: the start
+    mark is reached as the cover ends, and the end mark lies ``end - start`` (the events' own
+    reading) after that. ``outside`` then says how long the device ran anything of the call
+    before the one and after the other.
+
+    On devices without it (the CPU, a torch without Kineto's CUDA support) ``available`` is False
+    and the record reads nothing."""
+
+    def __init__(self, device: torch.device, anchor: str):
+        self.anchor = anchor
+        self.available = device.type == "cuda" and _kineto_cuda()
+        self.records: list[tuple[str, int, int]] = []
+
+    def probe(self) -> str | None:
+        """Take one empty record (before any candidate code runs): None when it works, else why not,
+        after which ``available`` is False."""
+        if not self.available:
+            return "no CUDA device record (Kineto/CUPTI) in this torch"
+        try:
+            with self:
+                pass
+        except RuntimeError as exc:
+            self.available = False
+            return f"the device record cannot be taken: {exc}"
+        return None
+
+    def __enter__(self) -> DeviceRecord:
+        self.records = []
+        if self.available:
+            config = _ProfilerConfig(_ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
+            _prepare_profiler(config, {_ProfilerActivity.CUDA})
+            _enable_profiler(config, {_ProfilerActivity.CUDA})
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.available:
+            events = _disable_profiler().events()
+            self.records = [(e.name(), e.start_ns(), e.end_ns()) for e in events if e.device_type() != _CPU]
+
+    def outside(self, call_ms: float) -> dict:
+        """What the record says of the call whose marks are ``call_ms`` apart (the events' reading):
+        ``early_work_us`` / ``late_work_us``, how long the device ran work of the call before its
+        start mark / after its end mark (None where there is no record, or nothing ran);
+        ``cover_kernels``, how many kernels bore the cover's name (one, the harness's, unless the
+        code under test named one of its own so); and ``call_ms`` itself (the tolerance for late
+        work grows with it)."""
+        if not self.available:
+            return {"early_work_us": None, "late_work_us": None, "cover_kernels": None}
+        early_ns, late_ns, covers = outside_the_call_ns(self.records, self.anchor, call_ms * 1e6)
+        return {"early_work_us": None if early_ns is None else early_ns / 1e3,
+                "late_work_us": None if late_ns is None else late_ns / 1e3, "cover_kernels": covers, "call_ms": call_ms}
+
+
+def outside_the_call_ns(records: list[tuple[str, int, int]], anchor: str, call_ns: float) -> tuple[float | None, float | None, int]:
+    """(How long before the start mark the call's first record began, and how long after the end
+    mark its last one ended, in ns, or None; how many records are named ``anchor``.)
+
+    ``records`` are (name, start_ns, end_ns) on the device's clock. The one record named ``anchor``
+    is the launch cover: the start mark is its end, the end mark ``call_ns`` later, and the call's
+    records are those that end after it starts (what the harness ran before it, the cache flush,
+    had ended when it was launched). With no such record, or more than one, the marks cannot be
+    placed."""
+    anchors = [r for r in records if r[0] == anchor]
+    if len(anchors) != 1:
+        return None, None, len(anchors)
+    _, cover_start, cover_end = anchors[0]
+    call = [(start, end) for name, start, end in records if name != anchor and end > cover_start]
+    if not call:
+        return None, None, 1
+    return cover_end - min(start for start, _ in call), max(end for _, end in call) - (cover_end + call_ns), 1
+
+
+def _kineto_cuda() -> bool:
+    try:
+        return _ProfilerActivity.CUDA in torch.autograd._supported_activities()
+    except (AttributeError, RuntimeError):
+        return False
+
+
+# Kineto's entry points, bound before any candidate code is imported.
+try:
+    from torch._C._autograd import DeviceType as _DeviceType
+    from torch._C._autograd import _disable_profiler, _enable_profiler, _prepare_profiler
+    from torch._C._profiler import ProfilerActivity as _ProfilerActivity
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.autograd.profiler import ProfilerConfig as _ProfilerConfig
+    from torch.autograd.profiler import ProfilerState as _ProfilerState
+
+    _CPU = _DeviceType.CPU
+except ImportError:  # a torch without the profiler: no device record
+    _kineto_cuda = lambda: False  # noqa: E731
+
+
 class KernelLaunchCounter:
     """Counts Triton launches by wrapping the launch entry points (installed before candidate import)."""
 
@@ -138,14 +264,21 @@ def _watched() -> dict[str, object]:
 
 def preload() -> None:
     """Import what honest code imports lazily and what patches torch on import (torch._dynamo
-    wraps torch.manual_seed), so the snapshot below is taken of the settled state."""
+    wraps torch.manual_seed), so the snapshot below is taken of the settled state; in a process
+    for a GPU, also build Triton's driver module (a C compile, about a second, into this
+    process's own cache: no CUDA context is made for it)."""
     import torch._dynamo  # noqa: F401
 
     try:
         import triton  # noqa: F401
         import triton.language  # noqa: F401
     except ImportError:
-        pass
+        return
+    if os.environ.get("CUDA_VISIBLE_DEVICES") and torch.cuda.is_available():
+        try:
+            triton.runtime.driver.active.utils  # noqa: B018 - the attribute's making is the point
+        except Exception:  # noqa: BLE001 - the job will meet (and report) it in its own time
+            pass
 
 
 _current_frames = sys._current_frames  # bound before any candidate code is imported

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -25,12 +26,16 @@ import torch
 
 from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.compare import compare_outputs
+from kernel_env.evaluators.guards import EARLY_WORK_TOLERANCE_US, late_work_tolerance_us
 from kernel_env.evaluators.isolation import Child, ChildError, Spares, warm_children
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode, Timing, TrialReport
 from kernel_env.evaluators.reward import reward as compute_reward
+from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.evaluators.static_rules import check_sources
-from kernel_env.evaluators.timing import fingerprints_match
+from kernel_env.evaluators.timing import COVER_KERNEL, fingerprints_match
 from kernel_env.languages import get_language
+
+log = logging.getLogger(__name__)
 
 _MAX_OUTPUT_FILE = 4 << 30
 _PROCESSES_MESSAGE = ("ModelNew started other processes, {when} ({pids} in the evaluation sandbox); kernels must "
@@ -39,6 +44,15 @@ _PROCESSES_MESSAGE = ("ModelNew started other processes, {when} ({pids} in the e
 # two socket sends and the scheduler, plus a proportional margin.
 _WALL_SLACK_RATIO = 0.5
 _WALL_SLACK_MS = 1.0
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
 
 
 class JobFailed(Exception):
@@ -60,13 +74,17 @@ def _streamed(seeds: list[int]) -> dict:
 
 
 def evaluate(job: EvalJob, *, device: str | None = None, baselines: BaselineCache | None = None,
-             reward_kind: str = "milestone") -> EvalResult:
-    """Evaluate one job on ``device`` (``cuda:N`` or ``cpu``); every failure becomes a result."""
+             reward_kind: str = "milestone", lease: DeviceLease | None = None) -> EvalResult:
+    """Evaluate one job on ``device`` (``cuda:N`` or ``cpu``); every failure becomes a result.
+
+    ``lease``: the device's, when other jobs run on it at once (sharing.py): the job's timing runs
+    then wait for the device to themselves, and its other steps for no timing run. Without one
+    the caller guarantees that nothing else uses the device."""
     started = time.monotonic()
     device = device or ("cuda:0" if job.device == "cuda" else "cpu")
     result = EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
                         ran_on=f"{socket.gethostname()}/{device}", mode=job.mode, snapshot_hash=job.snapshot_hash)
-    evaluation = _Evaluation(job, result, device, baselines or BaselineCache())
+    evaluation = _Evaluation(job, result, device, baselines or BaselineCache(), lease)
     try:
         evaluation.run()
     except JobFailed:
@@ -111,9 +129,15 @@ def measure_baselines(task_id: str, task_code: str, *, device: str = "cpu", base
 _SPARES = Spares()
 
 
+def reserve_spares(per_role: int) -> None:
+    """Keep at least ``per_role`` spare children ready per role and device (as many as jobs run at once on one)."""
+    _SPARES.depth = max(_SPARES.depth, per_role)
+
+
 class _Evaluation:
-    def __init__(self, job: EvalJob, result: EvalResult, device: str, baselines: BaselineCache):
-        self.job, self.result, self.device, self.baselines = job, result, device, baselines
+    def __init__(self, job: EvalJob, result: EvalResult, device: str, baselines: BaselineCache,
+                 lease: DeviceLease | None = None):
+        self.job, self.result, self.device, self.baselines, self.lease = job, result, device, baselines, lease
         self.s = job.settings
         self.children: list[Child] = []
         self.language = get_language(job.language)
@@ -126,19 +150,29 @@ class _Evaluation:
         self.warm = warm_children(self.gpu)
 
     @contextlib.contextmanager
-    def step(self, name: str):
-        """Add the wall time of the block to ``result.steps_s[name]``."""
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            steps = self.result.steps_s
-            steps[name] = round(steps.get(name, 0.0) + time.monotonic() - started, 4)
+    def step(self, name: str, *, share: str | None = "untimed"):
+        """Run the block as one step of the job: under the device's lease (``share``: "untimed",
+        "timing", or None for a step that leaves the device alone), its wall time added to
+        ``result.steps_s[name]`` and the wait for the lease to ``steps_s["waiting for the device"]``."""
+        steps = self.result.steps_s
+        asked = time.monotonic()
+        with contextlib.ExitStack() as held:
+            if self.lease is not None and share is not None:
+                held.enter_context(self.lease.timing(own=self.children) if share == "timing" else self.lease.untimed())
+            if share == "timing":  # the spares' imports off the processor while it times (shared device or not)
+                held.enter_context(_SPARES.paused())
+            started = time.monotonic()
+            if started - asked > 1e-3:
+                steps["waiting for the device"] = round(steps.get("waiting for the device", 0.0) + started - asked, 4)
+            try:
+                yield
+            finally:
+                steps[name] = round(steps.get(name, 0.0) + time.monotonic() - started, 4)
 
     def child(self, role: str) -> Child:
         """This job's ``role`` child: a spare when warm children are on, else one started now."""
         label = f"job-{self.job.job_id}"
-        with self.step(f"{role}: start"):
+        with self.step(f"{role}: start", share=None):
             try:
                 if self.warm:
                     child = _SPARES.take(role, env=self.env, gpu=self.gpu, label=label)
@@ -147,6 +181,8 @@ class _Evaluation:
             except (ChildError, OSError) as exc:
                 self.fail(f"the {role} process could not be started (this machine's fault, not your code's): {exc}")
         self.children.append(child)
+        if self.lease is not None:
+            self.lease.register(child)
         return child
 
     def finish(self) -> None:
@@ -154,6 +190,8 @@ class _Evaluation:
         with self.step("end children"):
             for child in self.children:
                 child.discard()
+                if self.lease is not None:
+                    self.lease.unregister(child)
 
     def fail(self, message: str, *, compiled: bool = True, log: str = "") -> None:
         self.result.error = message
@@ -212,7 +250,7 @@ class _Evaluation:
             return cached
         timings = []
         for target in ("eager", "compile") if self.s.compile_baseline else ("eager",):
-            answer = self._ask(child, "ref_time", f"timing the reference ({target})", target=target,
+            answer = self._ask(child, "ref_time", f"timing the reference ({target})", share="timing", target=target,
                                **_streamed(_seeds(self.s.timed_calls)), warmup_seeds=_seeds(self.s.warmup_calls),
                                flush_bytes=self._flush_bytes(), launch_cover_us=self.s.launch_cover_us, fp_seed=0,
                                timeout=self.s.job_timeout_s)
@@ -230,7 +268,7 @@ class _Evaluation:
         s, result = self.s, self.result
         child = self.child("candidate")
         self.cand_dir = child.host_paths["/job/cand"]
-        with self.step("candidate: copy files"):
+        with self.step("candidate: copy files", share=None):
             for name in ("init_inputs.pt", "state_dict.pt"):
                 shutil.copy2(self.ref_dir / name, self.cand_dir / name)
             # The snapshot is the broker's copy (regular files only); the child sees this copy read-only.
@@ -240,9 +278,13 @@ class _Evaluation:
                       out_dir=child.path("/job/cand"), task_code=self.job.task_code, pid_namespace=child.isolated)
             cand_dir = child.path("/job/cand")
             loaded = self._ask(child, "cand_load", "loading ModelNew", snapshot=child.path("/job/snapshot"), language=self.language.name,
-                               init_inputs=f"{cand_dir}/init_inputs.pt", state_dict=f"{cand_dir}/state_dict.pt", init_seed=init_seed)
+                               init_inputs=f"{cand_dir}/init_inputs.pt", state_dict=f"{cand_dir}/state_dict.pt", init_seed=init_seed,
+                               launch_cover_us=s.launch_cover_us)
             if loaded.get("error"):
                 self.fail(loaded["error"], log=child.log_tail())
+            if loaded.get("record_problem"):  # this worker's torch, not the candidate: it ran no candidate code yet
+                _warn_once(f"{loaded['record_problem']}; work left running on side streams is charged only through the "
+                           "host's clock on this worker (docs/design.md, Known limits)")
             if loaded["shape_mismatch"]:
                 result.violations.append(f"weights with the reference's names but other shapes: {', '.join(loaded['shape_mismatch'][:5])}")
             trials = self._ask(child, "cand_trials", "running ModelNew", seeds=trial_seeds)
@@ -261,7 +303,8 @@ class _Evaluation:
         except ChildError as exc:
             self.fail(str(exc), log=child.log_tail())
         finally:
-            child.close()
+            with self.step("candidate: close"):
+                child.close()
 
     def check_trials(self, ref_trials: list[dict], cand_trials: list[dict]) -> None:
         s, result = self.s, self.result
@@ -300,6 +343,21 @@ class _Evaluation:
                 result.violations.append(_PROCESSES_MESSAGE.format(when=f"running{suffix or ' (trials)'}", pids=", ".join(found["processes"][:5])))
             if self.language.name == "triton" and found.get("triton_launches", 0) == 0:
                 result.violations.append(f"ModelNew.forward launched no Triton kernel{suffix}; compute must happen in Triton kernels")
+            if (found.get("cover_kernels") or 0) > 1:
+                result.violations.append(f"ModelNew ran a kernel named like the evaluator's launch cover{suffix} "
+                                         f"({COVER_KERNEL}); rename it")
+            early, late = found.get("early_work_us"), found.get("late_work_us")
+            outside = []
+            if early is not None and early > EARLY_WORK_TOLERANCE_US:
+                outside.append(f"{early:.1f} us before its call began")
+            if late is not None and late > late_work_tolerance_us(float(found.get("call_ms") or 0.0)):
+                outside.append(f"{late:.1f} us after it returned")
+            if outside and not any("on a stream not ordered" in v for v in result.violations):  # once, for the first call seen
+                result.violations.append(
+                    f"ModelNew.forward ran work on the device {' and '.join(outside)}{suffix}, on a stream not ordered "
+                    "with the current one: a side stream must wait for the current stream before its work "
+                    "(side.wait_stream(torch.cuda.current_stream())) and be joined back before forward returns "
+                    "(torch.cuda.current_stream().wait_stream(side); C++: cudaEventRecord + cudaStreamWaitEvent)")
         result.violations = list(dict.fromkeys(result.violations))
 
     def time_candidate(self, child: Child, timed_seeds, checked, fp_seed, ref_prints) -> None:
@@ -308,7 +366,7 @@ class _Evaluation:
         if warm.get("error"):
             self.fail(warm["error"], log=child.log_tail())
         audit_at = sorted(secrets.SystemRandom().sample(range(len(timed_seeds)), min(s.audited_timed_calls, len(timed_seeds))))
-        with self.step("candidate: cand_time"):
+        with self.step("candidate: cand_time", share="timing"):
             answer, marks = child.call("cand_time", s.job_timeout_s, **_streamed(timed_seeds), warmup_seeds=[],
                                       flush_bytes=self._flush_bytes(), launch_cover_us=s.launch_cover_us, fp_seed=fp_seed,
                                       audit_at=audit_at)
@@ -342,8 +400,9 @@ class _Evaluation:
             result.violations.append(problem)
             result.correct = False
 
-    def _ask(self, child: Child, cmd: str, doing: str, timeout: float | None = None, **payload) -> dict:
-        with self.step(f"{child.role}: {cmd}"):
+    def _ask(self, child: Child, cmd: str, doing: str, timeout: float | None = None, share: str = "untimed",
+             **payload) -> dict:
+        with self.step(f"{child.role}: {cmd}", share=share):
             answer, _ = child.call(cmd, timeout or self.s.step_timeout_s, **payload)
         if not answer.get("ok"):
             self.fail(f"{doing} failed: {answer.get('error')}", log=child.log_tail())

@@ -24,9 +24,9 @@ class EvalSettings(BaseModel):
     min_timed_calls: int = 10
     warmup_calls: int = 3
     checked_timed_calls: int = 30         # timed calls whose outputs are checked against the reference (all, by default)
-    audited_timed_calls: int = 2          # extra audited (untimed) calls at secret positions of the timing run
+    audited_timed_calls: int = 4          # extra audited (untimed) calls at secret positions of the timing run
     flush_bytes: int = 256 << 20          # cache flush between repetitions (H100 L2 is 50 MB)
-    launch_cover_us: float = 200.0        # CUDA: the device is kept full this long while each timed call is launched (timing.py)
+    launch_cover_us: float = 500.0        # CUDA: the device is kept full this long while each timed call is launched (timing.py)
     job_timeout_s: float = 600.0          # bound on a timing run (baselines: torch.compile's first call is slow)
     step_timeout_s: float = 300.0         # bound on every other step (import, trials): an endless loop ends here
     compile_baseline: bool = True

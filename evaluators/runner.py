@@ -81,6 +81,13 @@ class Runner:
 
     # ------------------------------------------------------------------ shared
 
+    def settle(self) -> None:
+        """Wait until the device has done everything this process launched: a command's work ends
+        with its answer, so a job sharing the device can start timing once the steps in flight have
+        answered (sharing.py)."""
+        if self.device.type == "cuda":
+            timing._cuda_synchronize(self.device)
+
     def load_task(self, code: str) -> None:
         namespace: dict = {"__name__": "kernelbench_task"}
         exec(compile(code, "model.py", "exec"), namespace)
@@ -207,6 +214,11 @@ class Runner:
         self.launches.install()
         self.integrity = guards.Integrity()
         self.processes = guards.Processes() if self.pid_namespace else None
+        # The trials' bench and the device record, made (the cover kernel compiled, the record
+        # tried once) before any candidate code is imported.
+        self.bench = timing.Bench(self.device, launch_cover_us=req.get("launch_cover_us", 0.0))
+        self.record = guards.DeviceRecord(self.device, timing.COVER_KERNEL)
+        record_problem = self.record.probe() if self.device.type == "cuda" else None
         sys.path.insert(0, str(snapshot))
         sys.path.insert(0, str(snapshot / "build"))
         init = torch.load(req["init_inputs"], weights_only=True)
@@ -237,22 +249,32 @@ class Runner:
         model.load_state_dict(matched, strict=False)
         self.model = model.to(self.device).eval()
         return {"loaded_weights": sorted(matched), "shape_mismatch": mismatched,
-                "missing_weights": sorted(k for k in reference_state if k not in own)}
+                "missing_weights": sorted(k for k in reference_state if k not in own), "record_problem": record_problem}
 
-    def _audited_call(self, inputs: list):
+    def _audited_call(self, inputs: list, bench: timing.Bench):
+        """One untimed call under every run-time check, behind the same preamble as a timed call
+        and between the same marks: the dispatch audit (torch compute, data copied to the host),
+        the Triton launch count, the process watch, and the device's own record of everything
+        the call ran on any stream (work that runs outside the marks)."""
         audit = guards.TorchComputeAudit()
         before = self.launches.launches
-        with audit:
-            out = self.model(*inputs)
+        bench.marks.use_default_stream()
+        with self.record:
+            bench.ready(audited=True)
+            start = bench.marks.mark()
+            with audit:
+                out = self.model(*inputs)
+            end = bench.marks.mark()
+            bench.marks.sync()
         return out, {"torch_ops": audit.forbidden, "triton_launches": self.launches.launches - before,
-                     "processes": self._new_processes()}
+                     "processes": self._new_processes(), **self.record.outside(bench.marks.elapsed_ms(start, end))}
 
     def _new_processes(self) -> list[str]:
         return self.processes.new() if self.processes is not None else []
 
     def cmd_cand_trials(self, req: dict) -> dict:
         try:
-            return {"trials": self.run_trials(req["seeds"], "cand_trial", audit_fn=self._audited_call)}
+            return {"trials": self.run_trials(req["seeds"], "cand_trial", audit_fn=lambda inputs: self._audited_call(inputs, self.bench))}
         except Exception as exc:
             return {"error": _trimmed("ModelNew.forward", exc, None)}
 
@@ -270,9 +292,9 @@ class Runner:
     def cmd_cand_time(self, req: dict) -> dict:
         audits: list[dict] = []
 
-        def audit(inputs: list) -> None:
+        def audit(inputs: list, bench: timing.Bench) -> None:
             with torch.no_grad():
-                out, found = self._audited_call(inputs)
+                out, found = self._audited_call(inputs, bench)
             timing.poison(out)
             audits.append(found)
 
@@ -386,7 +408,9 @@ def main() -> None:
         try:
             if handler is None:
                 raise ValueError(f"unknown command {cmd}")
-            channel.reply(ok=True, **handler(req))
+            answer = handler(req)
+            runner.settle()
+            channel.reply(ok=True, **answer)
         except BaseException as exc:  # the child's job is to report, the parent decides
             channel.reply(ok=False, error=_trimmed(cmd, exc, None), kind=type(exc).__name__)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):

@@ -20,7 +20,7 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
     (r"_python_dispatch|TorchDispatchMode|TorchFunctionMode|_get_current_dispatch_mode|_get_dispatch_mode|"
      r"_len_torch_dispatch_stack|is_torch_function_mode_enabled|_is_torch_function_mode_enabled|DispatchKey|_dispatch_tls",
      "inspects torch dispatch modes (the harness's audit)"),
-    (r"_is_profiler_enabled|torch\.profiler|autograd\.profiler|_kineto", "inspects the profiler"),
+    (r"_is_profiler_enabled|torch\.profiler|autograd\.profiler|_kineto|\bcupti", "inspects the profiler"),
     (r"torch\.compile\b|torch\._dynamo|torch\._inductor|torch\.jit\.(script|trace)|torch\._C\b|torch\.ops\b|torch\._ops\b",
      "uses torch internals or a torch compiler (kernels must be your own)"),
     (r"\bgc\b|sys\._getframe|\bsys\.(?!path\b)\w+|\binspect\b|\btraceback\b|__traceback__|"
@@ -91,6 +91,10 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
     (r"\bdlopen\s*\(|\bdlsym\s*\(|\bfork\s*\(|\bsystem\s*\(|\bpopen\s*\(|\bposix_spawn\w*\s*\(|"
      r"std::thread|std::async|std::jthread|pthread_create",
      "starts threads or processes, or loads code at run time (parallelise with OpenMP: `#pragma omp parallel for`)"),
+    # The evaluator's device record of audited calls is CUPTI's: code of the candidate's must not subscribe, stop or
+    # flush it (nor start and stop external profilers).
+    (r"\bcupti\w*|\bCUpti\w*|\bcu(?:da)?Profiler(?:Start|Stop|Initialize)\b",
+     "reaches the profiler (CUPTI), which the evaluator's device record uses"),
     (r"\bcudaIpc\w+|\bcuIpc\w+|\bcuMem(?:Export|Import)\w*",
      "shares device memory with other processes (CUDA IPC); kernels run in the evaluated process"),
     # A binding defines functions (`m.def(...)`, `pybind11::arg`) and nothing more: from C++ the

@@ -75,11 +75,15 @@ _TAIL_SLACK_MS = 3e-3
 # candidate, so the cover's blocks hold every SM before anything of the call can be launched.
 _COVER_SETTLE_NS = 30_000
 _COVER_WARPS = 16  # 512 threads a block: several blocks fill an SM's thread slots exactly
+#: The cover kernel's name, by which the device record (guards.DeviceRecord) places a call's marks on its clock.
+COVER_KERNEL = "kernel_env_launch_cover"
+#: The launch cover of an audited call (microseconds, at least): see Bench.
+AUDIT_COVER_US = 1000.0
 
 
 if triton is not None:
     @triton.jit(do_not_specialize=["duration_ns"])
-    def _spin(deadline_ptr, duration_ns):
+    def kernel_env_launch_cover(deadline_ptr, duration_ns):  # the name is COVER_KERNEL: the device record finds it by it
         # The first block to start sets the deadline (the slot is zero before each launch) and every
         # block spins until that same reading of the global timer: all leave their SMs at once. A
         # deadline of each block's own (tried first) freed SMs one by one while the last blocks
@@ -156,16 +160,18 @@ class LaunchCover:
         threads = getattr(props, "max_threads_per_multi_processor", 2048)
         per_block = _COVER_WARPS * 32
         self.deadline = torch.zeros(1, dtype=torch.int64, device=device)
-        kernel = _spin[(1,)](self.deadline, 0, num_warps=_COVER_WARPS)  # compiles and loads it; no wait
+        kernel = kernel_env_launch_cover[(1,)](self.deadline, 0, num_warps=_COVER_WARPS)  # compiles and loads it; no wait
         _cuda_synchronize(device)
         registers = int(getattr(kernel, "n_regs", 0) or 0) * threads
         if threads % per_block == 0 and registers <= getattr(props, "regs_per_multiprocessor", 65536):
             self.grid = props.multi_processor_count * (threads // per_block)
 
-    def __call__(self) -> None:
+    def __call__(self, microseconds: float | None = None) -> None:
+        """Launch the cover (for ``microseconds``, else the length it was made with) and wait until it holds the device."""
         if self.grid:
             self.deadline.zero_()
-            _spin[(self.grid,)](self.deadline, self.duration_ns, num_warps=_COVER_WARPS)
+            duration_ns = self.duration_ns if microseconds is None else int(microseconds * 1e3)
+            kernel_env_launch_cover[(self.grid,)](self.deadline, duration_ns, num_warps=_COVER_WARPS)
             settle = _perf_counter_ns() + _COVER_SETTLE_NS
             while _perf_counter_ns() < settle:
                 pass
@@ -222,21 +228,45 @@ def poison(output) -> None:
                 pass
 
 
+class Bench:
+    """One device's measuring bench: the marks, the cache flush and the launch cover.
+
+    ``ready()`` is how the device is left for every timed and audited call alike (so an audited
+    call cannot be told from a timed one by asking whether the stream is busy): caches flushed,
+    the inputs ready and nothing else running, then the cover filling the device while the call
+    launches. An audited call gets a longer cover (``AUDIT_COVER_US``): the device record it runs
+    under slows the host's launches (a Triton launch took 57 us instead of 38 on an H100), and
+    the call must still be queued whole behind the cover when the device starts it, as a timed
+    call is."""
+
+    def __init__(self, device: torch.device, *, flush_bytes: int = 0, launch_cover_us: float = 0.0):
+        self.marks = _Marks(device)
+        self.flush = torch.empty(max(flush_bytes // 4, 1), dtype=torch.float32, device=device)
+        self.cover = LaunchCover(device, launch_cover_us)
+
+    def ready(self, *, audited: bool = False) -> None:
+        self.flush.zero_()
+        self.marks.sync()
+        self.cover(max(self.cover.duration_ns / 1e3, AUDIT_COVER_US) if audited else None)
+
+
 def time_calls(
     fn: Callable, make_inputs: Callable[[int], list], seeds: Iterable[int], device: torch.device, *,
     warmup_seeds: Sequence[int] = (), flush_bytes: int = 256 << 20, launch_cover_us: float = 0.0, fp_seed: int = 0,
     signal: Callable[[str, int], None] | None = None,
-    audit: Callable[[list], None] | None = None, audit_at: Sequence[int] = (), details: dict | None = None,
+    audit: Callable[[list, Bench], None] | None = None, audit_at: Sequence[int] = (), details: dict | None = None,
     after_call: Callable[[], None] | None = None,
 ) -> tuple[list[float], list[list[dict]]]:
     """Milliseconds of each timed call, and each call's output fingerprint.
 
     ``signal("start"|"end", k)`` is called just before the start mark and just after the end
     mark of call k: the evaluation child forwards these to the trusted parent, whose own
-    clock then brackets every timed call. ``audit(inputs)`` runs an extra, untimed call on fresh
-    inputs after each call whose index is in ``audit_at``, so rule checks reach the timing run
-    at positions the code under test cannot predict. ``after_call()`` runs after every timed
-    call's end signal, outside the measurement (the candidate's process watch).
+    clock then brackets every timed call. ``audit(inputs, bench)`` runs an extra, untimed call
+    on fresh inputs after each call whose index is in ``audit_at``, so rule checks reach the
+    timing run at positions the code under test cannot predict; it gets the device ready with
+    ``bench.ready(audited=True)`` itself, under whatever it watches the call with.
+    ``after_call()`` runs after every timed call's end signal, outside the measurement (the
+    candidate's process watch).
 
     ``details``, when given, is filled with what each timing is made of, for diagnosis (nothing
     decides on it): ``launch_us`` (host time from the start mark until the call returned, which
@@ -245,18 +275,8 @@ def time_calls(
     instead of a call, right after each call), ``allowance_ms`` (the idle tail late work is
     charged beyond) and ``charged_ms`` (the time added for late work).
     """
-    marks = _Marks(device)
-    flush = torch.empty(max(flush_bytes // 4, 1), dtype=torch.float32, device=device)
-    cover = LaunchCover(device, launch_cover_us)
-
-    def ready() -> None:
-        """How the device is left for every timed and audited call alike (so an audited call cannot
-        be told from a timed one by asking whether the stream is busy): caches flushed, the inputs
-        ready and nothing else running, then the cover filling the device while the call launches."""
-        flush.zero_()
-        marks.sync()
-        cover()
-
+    bench = Bench(device, flush_bytes=flush_bytes, launch_cover_us=launch_cover_us)
+    marks = bench.marks
     with torch.no_grad():
         for seed in warmup_seeds:
             marks.use_default_stream()
@@ -264,13 +284,13 @@ def time_calls(
             marks.sync()
             poison(out)
             del out
-        idle_before = _idle_tails(marks, flush, rounds=10)
+        idle_before = _idle_tails(bench, rounds=10)
         idle_after = []  # one reading after each call
         own, tails, launches, prints = [], [], [], []
         for index, seed in enumerate(seeds):
             marks.use_default_stream()
             inputs = make_inputs(seed)
-            ready()
+            bench.ready()
             if signal:
                 signal("start", index)
             start = marks.mark()
@@ -285,15 +305,14 @@ def time_calls(
             if after_call is not None:
                 after_call()
             launches.append((returned - launched) / 1e3)
-            idle_after += _idle_tails(marks, flush, rounds=1)
+            idle_after += _idle_tails(bench, rounds=1)
             prints.append(fingerprint(out, fp_seed))
             poison(out)
             del out, inputs
             if audit is not None and index in audit_at:
                 marks.use_default_stream()
                 inputs = make_inputs(seed ^ _AUDIT_SEED_SALT)  # inputs of their own: not a repeat of the timed call
-                ready()
-                audit(inputs)
+                audit(inputs, bench)
                 marks.sync()
                 del inputs
     allowance = statistics.median(idle_before + idle_after) + _TAIL_SLACK_MS
@@ -304,10 +323,10 @@ def time_calls(
     return [t + c for t, c in zip(own, charged)], prints
 
 
-def _idle_tails(marks: _Marks, flush: torch.Tensor, rounds: int) -> list[float]:
+def _idle_tails(bench: Bench, rounds: int) -> list[float]:
     """What ``late_ms`` reads when nothing is pending (after a cache flush, as after a call)."""
     tails = []
     for _ in range(rounds):
-        flush.zero_()
-        tails.append(marks.late_ms(marks.mark()))
+        bench.flush.zero_()
+        tails.append(bench.marks.late_ms(bench.marks.mark()))
     return tails

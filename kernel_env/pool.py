@@ -1,10 +1,10 @@
 """GPU evaluation pools: where trusted evaluation jobs run.
 
-``GpuPool.submit(job) -> Future[EvalResult]``. The ``local`` pool has one worker thread per
-visible GPU (or one CPU worker when there is none); a worker runs one job at a time, so
-timings never share a device, and every job runs its code in fresh isolated child
-processes (``kernel_env.evaluators.harness``): a CUDA fault, a hang or ``os._exit`` ends that
-job alone. The ``ray`` pool runs the same jobs as Ray tasks on a cluster, one per GPU
+``GpuPool.submit(job) -> Future[EvalResult]``. The ``local`` pool runs several jobs on each
+visible GPU at once (one on the CPU when there is none), but never a timing run beside
+anything else on its device (evaluators/sharing.py), and every job runs its code in fresh
+isolated child processes (``kernel_env.evaluators.harness``): a CUDA fault, a hang or
+``os._exit`` ends that job alone. The ``ray`` pool runs the same jobs as Ray tasks on a cluster, one per GPU
 (``num_gpus=1``). Jobs wait in a priority queue (final evaluations first, then FIFO). Every
 job is answered with an EvalResult, never with an exception.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
@@ -21,8 +22,9 @@ from pathlib import Path
 from typing import Protocol
 
 from kernel_env.evaluators.baselines import BaselineCache
-from kernel_env.evaluators.harness import evaluate
+from kernel_env.evaluators.harness import evaluate, reserve_spares
 from kernel_env.evaluators.records import EvalJob, EvalResult
+from kernel_env.evaluators.sharing import DeviceLease
 
 log = logging.getLogger(__name__)
 
@@ -96,18 +98,39 @@ class _QueuedPool(ABC):
         self.close()
 
 
+def default_jobs_per_gpu() -> int:
+    """Jobs one GPU runs at once: ``KERNEL_ENV_JOBS_PER_GPU``, else 4."""
+    value = os.environ.get("KERNEL_ENV_JOBS_PER_GPU", "4")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise ValueError(f"KERNEL_ENV_JOBS_PER_GPU={value!r}: give a whole number of jobs (1 runs one job at a time)") from None
+
+
 class LocalPool(_QueuedPool):
-    """One worker per device on this machine."""
+    """Workers for the devices of this machine.
+
+    A GPU runs up to ``jobs_per_gpu`` jobs at once (``default_jobs_per_gpu()``): their untimed
+    steps side by side and each timing run alone, under the GPU's ``DeviceLease``
+    (evaluators/sharing.py). The CPU device runs one job at a time: there a job's untimed steps
+    would take the processor from another's timing."""
 
     _no_gpu_message = "this pool has no GPU: the job asks for device cuda (use --device cpu for cpp or triton)"
 
     def __init__(self, devices: list[str] | None = None, *, baselines: BaselineCache | None = None,
-                 reward_kind: str = "milestone"):
+                 reward_kind: str = "milestone", jobs_per_gpu: int | None = None):
         super().__init__()
         self.devices = devices or visible_gpus() or ["cpu"]
         self.baselines = baselines or BaselineCache()
         self.reward_kind = reward_kind
-        self._threads = [threading.Thread(target=self._work, args=(d,), name=f"kernel_env-pool-{d}", daemon=True) for d in self.devices]
+        self.jobs_per_gpu = jobs_per_gpu or default_jobs_per_gpu()
+        leases = {d: DeviceLease() for d in self.devices if d.startswith("cuda") and self.jobs_per_gpu > 1}
+        if leases:
+            reserve_spares(self.jobs_per_gpu)
+        for device in self.devices:
+            for slot in range(self.jobs_per_gpu if device in leases else 1):
+                self._threads.append(threading.Thread(target=self._work, args=(device, leases.get(device)),
+                                                      name=f"kernel_env-pool-{device}-{slot}", daemon=True))
         for worker in self._threads:
             worker.start()
 
@@ -115,7 +138,7 @@ class LocalPool(_QueuedPool):
     def has_gpu(self) -> bool:
         return any(d.startswith("cuda") for d in self.devices)
 
-    def _work(self, device: str) -> None:
+    def _work(self, device: str, lease: DeviceLease | None) -> None:
         while True:
             with self._cv:
                 while not self._queue and not self._closed:
@@ -128,7 +151,7 @@ class LocalPool(_QueuedPool):
             wanted_cuda = job.device == "cuda"
             run_on = device if wanted_cuda == device.startswith("cuda") else "cpu"
             try:
-                result = evaluate(job, device=run_on, baselines=self.baselines, reward_kind=self.reward_kind)
+                result = evaluate(job, device=run_on, baselines=self.baselines, reward_kind=self.reward_kind, lease=lease)
             except Exception as exc:  # a harness bug must still answer the job
                 log.exception("evaluation of %s failed", job.job_id)
                 result = _error(job, f"internal evaluation error: {type(exc).__name__}: {exc}")

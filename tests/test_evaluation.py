@@ -391,6 +391,38 @@ def test_tensor_subclass_output_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "subclass_output"), "returned Agreeable instead of plain tensors", "tensor subclass")
 
 
+# ============================================================================ work outside the marks (the device record)
+
+
+def _audit_verdict(tmp_path, found: dict) -> list[str]:
+    """What the parent makes of one audited call's report (the child's record, as the GPU gives it)."""
+    job = EvalJob(job_id="j", task_id=TASK.id, task_code=TASK.code, language="triton", device="cuda",
+                  mode=Mode.PROFILE, snapshot_dir=tmp_path)
+    result = EvalResult(job_id="j", task_id=TASK.id, language="triton", device="cuda", mode=Mode.PROFILE)
+    evaluation = harness._Evaluation(job, result, "cuda:0", BaselineCache(tmp_path))
+    evaluation.check_rules([{"torch_ops": {}, "triton_launches": 1, "processes": [], **found}], expected=1, when="during timing")
+    return result.violations
+
+
+@pytest.mark.parametrize(("found", "violation"), [
+    ({"early_work_us": -1.0, "late_work_us": 6.2, "cover_kernels": 1, "call_ms": 0.01},
+     "ran work on the device 6.2 us after it returned (during timing)"),
+    ({"early_work_us": 4.9, "late_work_us": 1.1, "cover_kernels": 1, "call_ms": 0.01},
+     "ran work on the device 4.9 us before its call began (during timing)"),   # beside the cover's tail
+    ({"early_work_us": -0.2, "late_work_us": 0.5, "cover_kernels": 1, "call_ms": 0.01}, None),  # within the record's resolution
+    ({"early_work_us": -3.0, "late_work_us": -40.0, "cover_kernels": 1, "call_ms": 0.05}, None),  # all between the marks
+    ({"early_work_us": -2.0, "late_work_us": 8.4, "cover_kernels": 1, "call_ms": 1200.0}, None),  # a second compiling: the clocks drifted
+    ({"early_work_us": None, "late_work_us": None, "cover_kernels": None}, None),  # no device record (CPU)
+    ({"early_work_us": None, "late_work_us": None, "cover_kernels": 2}, "named like the evaluator's launch cover"),
+])
+def test_the_device_record_of_an_audited_call_decides_on_work_outside_its_marks(tmp_path, found, violation):
+    violations = _audit_verdict(tmp_path, found)
+    if violation is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1 and violation in violations[0], violations
+
+
 # ============================================================================ torch compute instead of kernels
 
 

@@ -76,6 +76,10 @@ NATIVE_REFUSED = {
     "host-alloc": ("cudaHostAlloc(&host, bytes, 0);", TO_HOST),
     "managed": ("cudaMallocManaged(&shared, bytes);", TO_HOST),
     "cpu": ("torch::Tensor on_host = x.cpu();", TO_HOST),
+    # The evaluator's device record of audited calls is CUPTI's.
+    "cupti-disable": ("cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);", "reaches the profiler (CUPTI)"),
+    "cupti-flush": ("cuptiActivityFlushAll(0);", "reaches the profiler (CUPTI)"),
+    "profiler-stop": ("cudaProfilerStop();", "reaches the profiler (CUPTI)"),
 }
 
 NATIVE_ALLOWED = {
@@ -84,6 +88,7 @@ NATIVE_ALLOWED = {
     "table-to-device": "cudaMemcpyAsync(device_table, host_table, bytes, cudaMemcpyHostToDevice, stream);",
     "inline-ptx": 'asm volatile("membar.gl;");',
     "names-in-comments-and-strings": '// never PyEval_GetFrame(), fopen() or a syscall here\n  TORCH_CHECK(true, "no py::exec");',
+    "side-stream-joined": ("cudaEventRecord(done, side);\n  cudaStreamWaitEvent(at::cuda::getCurrentCUDAStream(), done, 0);"),
 }
 
 HARNESS = "reaches around the harness"
@@ -133,6 +138,7 @@ PYTHON_REFUSED = {
     "aliased-multiprocessing": ("helper = torch.utils.data.dataloader.python_multiprocessing.Process()", "through another module's attributes"),
     "format-traversal": ("text = '{0.__traceback__.tb_frame.f_back.f_locals}'.format(error)", "names the interpreter's internals"),
     "from-cpp_extension": ("from torch.utils.cpp_extension import load", "compiles code at run time"),
+    "cupti-python": ("from cupti import cupti", "inspects the profiler"),
 }
 
 PYTHON_ALLOWED = {
@@ -141,6 +147,7 @@ PYTHON_ALLOWED = {
     "tensor-select": "row = x.select(0, 1)",
     "format-of-shapes": "label = '{0}x{1}'.format(*x.shape)",
     "module-eval": "self.eval()",
+    "side-stream-joined": "side.wait_stream(torch.cuda.current_stream())\ntorch.cuda.current_stream().wait_stream(side)",
 }
 
 

@@ -121,7 +121,7 @@ def test_the_launch_cover_compiles_for_hopper_and_ends_every_block_at_one_deadli
 
     from kernel_env.evaluators import timing
 
-    source = ASTSource(fn=timing._spin, signature={"deadline_ptr": "*i64", "duration_ns": "i32"}, constexprs={})
+    source = ASTSource(fn=timing.kernel_env_launch_cover, signature={"deadline_ptr": "*i64", "duration_ns": "i32"}, constexprs={})
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": timing._COVER_WARPS}).asm["ptx"]
     swap, barrier, read = ptx.index("atom.global.acq_rel.gpu.cas.b64"), ptx.index("bar.sync"), ptx.index("ld.volatile.global.b64")
     assert swap < barrier < read
@@ -138,3 +138,39 @@ def test_time_calls_reports_what_each_timing_is_made_of():
     assert details["allowance_ms"] >= 0
     # A time is the call's own span plus the charge: never less than the charge.
     assert all(t >= c for t, c in zip(times, details["charged_ms"]))
+
+
+def test_audited_calls_get_the_bench_at_their_secret_positions_on_inputs_of_their_own():
+    from kernel_env.evaluators.timing import Bench
+
+    seen = []
+
+    def audit(inputs, bench):
+        assert isinstance(bench, Bench)
+        bench.ready(audited=True)  # the audit readies the device itself, under whatever it watches with
+        seen.append(float(inputs[0][0]))
+
+    timed = []
+    time_calls(lambda x, y: timed.append(float(x[0])) or torch.relu(x + y), _inputs, [1, 2, 3, 4], torch.device("cpu"),
+               flush_bytes=1 << 20, audit=audit, audit_at=[1, 3])
+    assert len(seen) == 2 and len(timed) == 4
+    assert not set(seen) & set(timed)  # fresh inputs, not a repeat of a timed call's
+
+
+def test_work_outside_the_call_is_read_against_the_marks_placed_by_the_cover():
+    from kernel_env.evaluators.guards import outside_the_call_ns
+
+    cover = ("kernel_env_launch_cover", 0, 200_000)  # the start mark is reached as it ends
+    flush = ("flush", -90_000, -10_000)              # the harness's, before the cover: not the call's
+    honest = [flush, cover, ("relu", 201_000, 209_000)]
+    assert outside_the_call_ns(honest, cover[0], call_ns=9_000) == (-1_000, 0, 1)      # inside both marks
+    joined = [cover, ("relu on a joined stream", 205_000, 260_000)]
+    assert outside_the_call_ns(joined, cover[0], call_ns=61_000)[1] < 0                 # the end mark waited for the join
+    unjoined = [cover, ("relu on a side stream", 201_000, 209_000)]
+    assert outside_the_call_ns(unjoined, cover[0], call_ns=500) == (-1_000, 8_500, 1)  # 8.5 us after the end mark
+    beside_the_tail = [cover, ("relu on a stream that does not wait", 195_000, 201_000)]
+    assert outside_the_call_ns(beside_the_tail, cover[0], call_ns=500)[0] == 5_000     # 5 us before the start mark
+    assert outside_the_call_ns([flush, cover], cover[0], call_ns=500) == (None, None, 1)  # nothing of the call ran
+    # Without the cover, or with a second kernel of its name, the marks cannot be placed.
+    assert outside_the_call_ns([("relu", 0, 10)], cover[0], call_ns=5) == (None, None, 0)
+    assert outside_the_call_ns([cover, (cover[0], 201_000, 400_000)], cover[0], call_ns=500) == (None, None, 2)

@@ -170,8 +170,9 @@ class PidNamespace:
     which the kernel allows only after all of them are gone.
     """
 
-    def __init__(self, pidfd: int):
+    def __init__(self, pidfd: int, pid: int | None = None):
         self._pidfd: int | None = pidfd
+        self.pid = pid  # the init's pid in the host's namespace
 
     @classmethod
     def from_info_fd(cls, fd: int, timeout: float = 30.0) -> PidNamespace | None:
@@ -189,9 +190,32 @@ class PidNamespace:
         finally:
             os.close(fd)
         try:
-            return cls(os.pidfd_open(int(json.loads(data)["child-pid"])))
+            pid = int(json.loads(data)["child-pid"])
+            return cls(os.pidfd_open(pid), pid)
         except (ValueError, KeyError, TypeError, OSError):
             return None
+
+    def signal(self, signum: int) -> int:
+        """Send ``signum`` to every process in the namespace (found as those whose pid namespace is
+        the init's; twice round, for a process started meanwhile); how many were sent it."""
+        if self._pidfd is None or self.pid is None:
+            return 0
+        try:
+            namespace = os.readlink(f"/proc/{self.pid}/ns/pid")
+        except OSError:
+            return 0
+        sent: set[int] = set()
+        for _ in range(2):
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit() or int(entry) in sent:
+                    continue
+                try:
+                    if os.readlink(f"/proc/{entry}/ns/pid") == namespace:
+                        os.kill(int(entry), signum)
+                        sent.add(int(entry))
+                except OSError:  # gone, or not ours to look at
+                    continue
+        return len(sent)
 
     def kill(self, timeout: float = 10.0) -> bool:
         """Kill everything in the namespace and wait until it is empty; idempotent. False if it

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,10 +44,14 @@ class Limits:
 
 
 class Cgroup:
-    """A cgroup holding one sandbox; ``create`` returns None where none can be made."""
+    """A cgroup holding one sandbox; ``create`` returns None where none can be made.
 
-    def __init__(self, dirs: list[Path]):
+    ``freeze()`` stops every process in it (cgroup v2's ``cgroup.freeze``, or v1's freezer
+    controller where it is mounted and writable) and ``thaw()`` lets them run again."""
+
+    def __init__(self, dirs: list[Path], freezer: Path | None = None):
         self.dirs = dirs
+        self._freezer = freezer  # v1: the freezer controller's directory (v2 freezes in dirs[0])
 
     @classmethod
     def create(cls, limits: Limits) -> Cgroup | None:
@@ -85,7 +90,13 @@ class Cgroup:
         mem.mkdir(parents=True)
         (pids / "pids.max").write_text(str(limits.processes))
         (mem / "memory.limit_in_bytes").write_text(str(limits.memory_bytes))
-        return cls([pids, mem])
+        dirs, freezer = [pids, mem], None
+        freezer_root = Path("/sys/fs/cgroup/freezer")
+        if os.access(freezer_root, os.W_OK):
+            freezer = freezer_root / "kernel_env" / name
+            freezer.mkdir(parents=True)
+            dirs.append(freezer)
+        return cls(dirs, freezer)
 
     def enter(self) -> None:
         """Move the calling process into the cgroup (used as a preexec hook)."""
@@ -101,11 +112,42 @@ class Cgroup:
                 pass
         return sorted(found)
 
+    def freeze(self) -> bool:
+        """Stop every process in the cgroup; True once the kernel reports them stopped."""
+        try:
+            if self._freezer is not None:
+                (self._freezer / "freezer.state").write_text("FROZEN")
+                done = lambda: (self._freezer / "freezer.state").read_text().strip() == "FROZEN"  # noqa: E731
+            elif (self.dirs[0] / "cgroup.freeze").exists():
+                (self.dirs[0] / "cgroup.freeze").write_text("1")
+                done = lambda: "frozen 1" in (self.dirs[0] / "cgroup.events").read_text()  # noqa: E731
+            else:
+                return False
+            deadline = time.monotonic() + 2.0
+            while not done():
+                if time.monotonic() > deadline:
+                    self.thaw()
+                    return False
+                time.sleep(0.001)
+            return True
+        except OSError as exc:
+            log.debug("cannot freeze cgroup %s: %s", self.dirs[0], exc)
+            return False
+
+    def thaw(self) -> None:
+        try:
+            if self._freezer is not None:
+                (self._freezer / "freezer.state").write_text("THAWED")
+            elif (self.dirs[0] / "cgroup.freeze").exists():
+                (self.dirs[0] / "cgroup.freeze").write_text("0")
+        except OSError as exc:
+            log.debug("cannot thaw cgroup %s: %s", self.dirs[0], exc)
+
     def destroy(self) -> None:
         """Kill whatever is still inside and remove the cgroup."""
         import signal
-        import time
 
+        self.thaw()  # a frozen process would not die before it ran again (cgroup v1)
         for _ in range(50):
             pids = self.pids()
             if not pids:

@@ -1,8 +1,10 @@
-"""The trusted evaluation on a real GPU: the seed orchestrator's four turns, a side-stream
-kernel, a CUDA C++ extension, reward 3 on diag(A) @ B, and a patched timer."""
+"""The trusted evaluation on a real GPU: the seed orchestrator's four turns, side-stream work
+(joined back: honest; left running: a violation the device record sees), a CUDA C++ extension,
+reward 3 on diag(A) @ B, and a patched timer."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -60,12 +62,99 @@ def test_seed_scenario_relu_add_in_four_turns(pool, tmp_path):
     assert fourth.speedup_vs_eager >= 1.0 and fourth.reward >= 2, fourth.summary()
 
 
-def test_side_stream_kernel_is_timed_honestly(pool, tmp_path):
+RELU_ADD_1M = Task(id="example/relu_add_1M", source="example",
+                  code=resolve_task("example/relu_add").code.replace("N = 1 << 24", "N = 1 << 20"))
+
+
+@pytest.mark.parametrize("task", [RELU_ADD, RELU_ADD_1M], ids=["64M", "1M"])
+@pytest.mark.parametrize("solution", ["side_stream", "side_stream_no_wait"])
+def test_side_stream_work_left_running_after_forward_returns_is_a_violation(pool, tmp_path, task, solution):
+    """A kernel on a stream never joined back to the current one runs on after the end mark, where
+    only the host's clock saw it (and an 8.7 us kernel at 1M elements measured 1.3 us); one that does
+    not wait for the current stream either starts beside the launch cover's tail, before the start
+    mark. The device record of the audited calls sees both, on whatever stream: the skill's rule, enforced."""
+    result = _evaluate(pool, task, _triton_solution(tmp_path, solution), mode=Mode.PROFILE)
+    assert result.reward == -1, result.summary()
+    assert any("on a stream not ordered with the current one" in v for v in result.violations), result.violations
+
+
+def test_a_side_stream_joined_back_is_honest_and_timed_whole(pool, tmp_path):
     fused = _evaluate(pool, RELU_ADD, _triton_solution(tmp_path, "turn4_fused"))
-    side = _evaluate(pool, RELU_ADD, _triton_solution(tmp_path, "side_stream"))
-    assert fused.correct and side.correct, side
-    # Work launched on another stream is still inside the timed region: no free speed-up.
-    assert side.runtime_ms >= 0.8 * fused.runtime_ms, (side.runtime_ms, fused.runtime_ms)
+    joined = _evaluate(pool, RELU_ADD, _triton_solution(tmp_path, "side_stream_joined"))
+    assert fused.correct and joined.correct and not joined.violations, joined.summary()
+    assert joined.runtime_ms >= 0.8 * fused.runtime_ms, (joined.runtime_ms, fused.runtime_ms)
+
+
+def test_the_device_record_places_the_marks_and_sees_every_stream():
+    """In-process, at 1M elements (a ~6 us kernel, the hardest case): an honest call, on the current
+    stream or on a side stream ordered both ways, never reads past the tolerances; the same kernel on
+    a side stream ordered neither way (it starts beside the cover's tail and outlasts the end mark)
+    does in (nearly) every audited call."""
+    import triton
+
+    from kernel_env.evaluators.guards import EARLY_WORK_TOLERANCE_US, DeviceRecord, late_work_tolerance_us
+    from kernel_env.evaluators.timing import COVER_KERNEL, Bench
+
+    spec = importlib.util.spec_from_file_location("fused", SOLUTIONS / "turn4_fused.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # Triton needs the kernel's source file
+    kernel = module.kernel
+    n = 1 << 20
+    x, y = torch.randn(n, device="cuda:0"), torch.randn(n, device="cuda:0")
+    side = torch.cuda.Stream()
+
+    def launch(out):
+        kernel[(triton.cdiv(n, 4096),)](x, y, out, n, BLOCK=4096, num_warps=8)
+        return out
+
+    def current():
+        return launch(torch.empty_like(x))
+
+    def joined():
+        out = torch.empty_like(x)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            launch(out)
+        torch.cuda.current_stream().wait_stream(side)
+        return out
+
+    def left_running():
+        out = torch.empty_like(x)
+        with torch.cuda.stream(side):
+            launch(out)
+        return out
+
+    bench = Bench(torch.device("cuda:0"), launch_cover_us=200)
+    record = DeviceRecord(torch.device("cuda:0"), COVER_KERNEL)
+    assert record.probe() is None
+
+    def slow_host_then_current():  # a call that spends a second on the host first (a kernel compiling, say)
+        import time
+
+        time.sleep(1.0)
+        return current()
+
+    def outside(fn) -> float:
+        """How far outside its marks, beyond the tolerances, the call's work ran (negative: within them)."""
+        bench.marks.use_default_stream()
+        with record:
+            bench.ready(audited=True)
+            start = bench.marks.mark()
+            fn()
+            end = bench.marks.mark()
+            bench.marks.sync()
+        found = record.outside(bench.marks.elapsed_ms(start, end))
+        assert found["cover_kernels"] == 1, found
+        return max(found["early_work_us"] - EARLY_WORK_TOLERANCE_US, found["late_work_us"] - late_work_tolerance_us(found["call_ms"]))
+
+    for fn in (current, joined, left_running):
+        fn()
+    torch.cuda.synchronize()
+    honest = [outside(current) for _ in range(30)] + [outside(joined) for _ in range(30)]
+    honest += [outside(slow_host_then_current) for _ in range(3)]
+    caught = [outside(left_running) for _ in range(30)]
+    assert max(honest) <= 0, sorted(honest)[-5:]
+    assert sum(value > 0 for value in caught) >= 27, sorted(caught)
 
 
 def test_diag_matmul_row_scaling_reaches_reward_3(pool, tmp_path):
@@ -95,35 +184,10 @@ def test_torch_fallback_in_cuda_forward_is_a_violation(pool, tmp_path):
     assert any("torch computes" in v for v in result.violations), result.violations
 
 
-def test_side_stream_work_that_does_not_wait_is_timed_honestly(pool, tmp_path):
-    """A kernel on a side stream that never waits for the current one could run while the harness's
-    own work before the start mark does: the launch cover fills the device, so it cannot."""
-    fused = _evaluate(pool, RELU_ADD, _triton_solution(tmp_path, "turn4_fused"))
-    side = _evaluate(pool, RELU_ADD, _triton_solution(tmp_path, "side_stream_no_wait"))
-    assert fused.correct and side.correct, side.summary()
-    assert side.runtime_ms >= 0.8 * fused.runtime_ms, (side.runtime_ms, fused.runtime_ms)
-
-
-@pytest.mark.xfail(strict=False, reason="known gap (docs/design.md, Known limits): side-stream work is charged only beyond "
-                   "the idle synchronise plus a few microseconds; on an H100 this 8.7 us kernel measured 1.3 us on a side stream "
-                   "in 3 of 5 jobs (and passed in one run of this test)")
-def test_a_small_side_stream_kernel_is_not_measured_faster_than_the_same_kernel_on_the_current_stream(pool, tmp_path):
-    """At 1M elements the fused kernel takes a few microseconds, about what a device-wide synchronise
-    takes with nothing pending: work left on a side stream that short is not told from that cost."""
-    task = Task(id="example/relu_add_1M", source="example",
-                code=resolve_task("example/relu_add").code.replace("N = 1 << 24", "N = 1 << 20"))
-    fused = _evaluate(pool, task, _triton_solution(tmp_path, "turn4_fused"), mode=Mode.PROFILE)
-    side = _evaluate(pool, task, _triton_solution(tmp_path, "side_stream_no_wait"), mode=Mode.PROFILE)
-    assert fused.correct and side.correct, side.summary()
-    assert side.runtime_ms >= 0.9 * fused.runtime_ms, (side.runtime_ms, fused.runtime_ms)
-
-
 def test_torch_in_calls_that_find_the_device_busy_is_caught(pool, tmp_path):
     """Audited calls of the timing run meet the device as timed calls do (the cover running), so
     a candidate that uses torch whenever the stream is busy is audited doing it."""
-    task = Task(id="example/relu_add_1M", source="example",
-                code=resolve_task("example/relu_add").code.replace("N = 1 << 24", "N = 1 << 20"))
-    result = _evaluate(pool, task, _triton_solution(tmp_path, "busy_stream_detector"), mode=Mode.PROFILE)
+    result = _evaluate(pool, RELU_ADD_1M, _triton_solution(tmp_path, "busy_stream_detector"), mode=Mode.PROFILE)
     assert result.reward == -1, result.summary()
     assert any("torch computes" in v for v in result.violations), result.violations
 

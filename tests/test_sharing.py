@@ -1,0 +1,237 @@
+"""Jobs sharing one device: untimed steps side by side, every timing run alone (evaluators/sharing.py)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kernel_env.evaluators.harness import evaluate
+from kernel_env.evaluators.isolation import Child, Spares
+from kernel_env.evaluators.records import EvalJob, EvalSettings, Mode
+from kernel_env.evaluators.sharing import DeviceLease
+from kernel_env.resources import example_dir
+
+
+class _Child:
+    def __init__(self, freezes: bool = True):
+        self.freezes, self.frozen = freezes, False
+
+    def freeze(self) -> bool:
+        self.frozen = self.freezes
+        return self.freezes
+
+    def thaw(self) -> None:
+        self.frozen = False
+
+
+class _Recorder:
+    """Intervals during which each kind of step held the lease, from many threads."""
+
+    def __init__(self, lease: DeviceLease):
+        self.lease, self.spans, self._lock = lease, [], threading.Lock()
+
+    def run(self, kind: str, seconds: float, **options) -> None:
+        with (self.lease.timing(**options) if kind == "timing" else self.lease.untimed()):
+            began = time.monotonic()
+            time.sleep(seconds)
+            with self._lock:
+                self.spans.append((kind, began, time.monotonic()))
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    return a[1] < b[2] and b[1] < a[2]
+
+
+def test_untimed_steps_run_together_and_a_timing_run_alone():
+    recorder = _Recorder(DeviceLease())
+    work = [("untimed", 0.2)] * 6 + [("timing", 0.1)] * 3
+    threads = [threading.Thread(target=recorder.run, args=item) for item in work]
+    for index, thread in enumerate(threads):
+        thread.start()
+        time.sleep(0.02 * (index % 3))
+    for thread in threads:
+        thread.join(10)
+    untimed = [s for s in recorder.spans if s[0] == "untimed"]
+    timing = [s for s in recorder.spans if s[0] == "timing"]
+    assert len(untimed) == 6 and len(timing) == 3
+    assert any(_overlap(a, b) for i, a in enumerate(untimed) for b in untimed[i + 1:])  # they did share the device
+    for run in timing:
+        assert not any(_overlap(run, other) for other in recorder.spans if other is not run), recorder.spans
+
+
+def test_a_waiting_timing_run_goes_before_untimed_steps_asked_for_later():
+    lease, order = DeviceLease(), []
+    first = threading.Thread(target=lambda: _hold(lease.untimed(), 0.3, order, "first untimed"))
+    first.start()
+    time.sleep(0.05)
+    timing = threading.Thread(target=lambda: _hold(lease.timing(), 0.05, order, "timing"))
+    timing.start()
+    time.sleep(0.05)
+    later = threading.Thread(target=lambda: _hold(lease.untimed(), 0.01, order, "later untimed"))
+    later.start()
+    for thread in (first, timing, later):
+        thread.join(5)
+    assert order == ["first untimed", "timing", "later untimed"]
+
+
+def _hold(context, seconds: float, order: list, name: str) -> None:
+    with context:
+        time.sleep(seconds)
+        order.append(name)
+
+
+def test_a_timing_run_freezes_the_other_jobs_children_and_thaws_them_after():
+    lease = DeviceLease()
+    mine, theirs, unfreezable = _Child(), _Child(), _Child(freezes=False)
+    for child in (mine, theirs, unfreezable):
+        lease.register(child)
+    with lease.timing(own=[mine]):
+        assert theirs.frozen and not mine.frozen and not unfreezable.frozen
+    assert not theirs.frozen
+    lease.unregister(theirs)
+    with lease.timing(own=[mine]):
+        assert not theirs.frozen
+
+
+def test_a_frozen_child_answers_only_once_thawed():
+    child = Child.spawn("reference", env={}, gpu=False, label="test-freeze")
+    try:
+        child.call("setup", 120, device="cpu", out_dir=child.path("/job/ref"),
+                   task_code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10"))
+        if not child.freeze():
+            pytest.skip("this host lets no cgroup be frozen here (no cgroup v2 freeze, no writable v1 freezer)")
+        answered = threading.Event()
+        worker = threading.Thread(target=lambda: (child.call("ref_init", 60, init_seed=1), answered.set()))
+        worker.start()
+        assert not answered.wait(1.0), "a frozen child answered"
+        child.thaw()
+        assert answered.wait(60), "the thawed child did not answer"
+        worker.join(5)
+    finally:
+        child.discard()
+
+
+def test_jobs_sharing_a_lease_are_judged_as_alone(tmp_path):
+    """Two verifications and a profile of the bundled Triton solution at once, through real children
+    on the CPU: all correct, and the profile's timing runs overlap none of the others' steps."""
+    code = (example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10")
+    snapshot = tmp_path / "snapshot"
+    (snapshot / "kernels").mkdir(parents=True)
+    (snapshot / "model_new.py").write_text((example_dir() / "solutions" / "triton" / "model_new.py").read_text())
+    settings = EvalSettings(timed_calls=5, warmup_calls=1, checked_timed_calls=2, audited_timed_calls=1)
+    lease, spans, lock = DeviceLease(), [], threading.Lock()
+    untimed, timing = lease.untimed, lease.timing
+
+    def recorded(kind, original):
+        def wrapper(*args, **kwargs):
+            class Span:
+                def __enter__(self):
+                    self.inner = original(*args, **kwargs)
+                    self.inner.__enter__()
+                    self.began = time.monotonic()
+
+                def __exit__(self, *exc):
+                    with lock:
+                        spans.append((kind, self.began, time.monotonic()))
+                    return self.inner.__exit__(*exc)
+            return Span()
+        return wrapper
+
+    lease.untimed, lease.timing = recorded("untimed", untimed), recorded("timing", timing)
+    results = {}
+
+    def run(name: str, mode: Mode) -> None:
+        job = EvalJob(job_id=uuid.uuid4().hex[:12], task_id="test/relu_add_1k", task_code=code, language="triton",
+                      device="cpu", mode=mode, snapshot_dir=snapshot, settings=settings)
+        results[name] = evaluate(job, device="cpu", lease=lease)
+
+    threads = [threading.Thread(target=run, args=(name, mode))
+               for name, mode in (("verify-1", Mode.VERIFY), ("profile", Mode.PROFILE), ("verify-2", Mode.VERIFY))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    for name, result in results.items():
+        assert result.correct and not result.violations, (name, result.error, result.violations)
+    assert len(results) == 3
+    runs = [s for s in spans if s[0] == "timing"]
+    assert runs, spans  # the profile's candidate timing (and its baselines)
+    for run in runs:
+        assert not any(_overlap(run, other) for other in spans if other is not run)
+
+
+def test_a_closed_child_is_not_frozen():
+    child = Child.spawn("reference", env={}, gpu=False, label="test-freeze")
+    child.close()
+    try:
+        assert child.freeze() is False
+    finally:
+        child.discard()
+
+
+def _cpu_ticks(child: Child) -> int:
+    """CPU time the child's processes have used so far (utime + stime, from /proc as the host sees them)."""
+    ticks = 0
+    for pid in _pids(child):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:  # gone
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def test_spares_make_no_progress_while_a_timing_run_lasts():
+    """A spare is importing torch when a timing run starts: it is stopped (cgroup freezer or SIGSTOP)
+    until the run is over, so the run has the processor."""
+    spares = Spares(depth=1)
+    try:
+        spares.prepare("reference", env={}, gpu=False)
+        (waiting,) = spares._waiting[Spares._key("reference", {}, False)]
+        child = waiting.result(timeout=60)
+        if child._namespace is None:
+            pytest.skip("no bubblewrap here: a child has no pid namespace to stop")
+        with spares.paused():
+            before = _cpu_ticks(child)
+            time.sleep(0.5)
+            assert _cpu_ticks(child) == before
+        child.call("setup", 120, device="cpu", out_dir=child.path("/job/ref"),
+                   task_code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10"))  # and runs on after
+    finally:
+        spares.close()
+
+
+def test_without_a_freezable_cgroup_a_child_is_stopped_by_signal():
+    child = Child.spawn("reference", env={}, gpu=False, label="test-freeze")
+    cgroup, child._cgroup = child._cgroup, None  # as on a host that gives us no cgroup (the H100 machine here)
+    try:
+        if child._namespace is None:
+            pytest.skip("no bubblewrap here: a child has no pid namespace to stop")
+        assert child.freeze()
+        before = _cpu_ticks(child)
+        states = {Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] for pid in _pids(child)}
+        assert states == {"T"}, states
+        child.thaw()
+        child.call("setup", 120, device="cpu", out_dir=child.path("/job/ref"),
+                   task_code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10"))
+        assert _cpu_ticks(child) >= before
+    finally:
+        child._cgroup = cgroup
+        child.discard()
+
+
+def _pids(child: Child) -> list[int]:
+    namespace = os.readlink(f"/proc/{child._namespace.pid}/ns/pid")
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and _namespace_of(e) == namespace]
+
+
+def _namespace_of(entry: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{entry}/ns/pid")
+    except OSError:
+        return None
