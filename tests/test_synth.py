@@ -34,7 +34,7 @@ from kernel_env.synth.compose import (
 )
 from kernel_env.synth.crawl import LAYOUTS, REALISTIC, SMALL, crawl, crawl_zero_arg_modules, numel
 from kernel_env.synth.decontam import decontaminate, fingerprint, similarity, write_dropped, write_histogram
-from kernel_env.synth.filter import CPU_TIME_SCALE, DeviceGate, FilterSettings, Screener, Screening, filter_tasks
+from kernel_env.synth.filter import CPU_TIME_SCALE, FilterSettings, Screener, Screening, filter_tasks
 from kernel_env.synth.stats import PAPER_SHARES, category, composition_stats
 from kernel_env.task_sources import write_records
 from kernel_env.tasks import Task, load_tasks
@@ -331,39 +331,6 @@ def test_processes_compiling_at_once_share_the_cpus(monkeypatch):
         assert screener.settings.compile_threads == 1
     with Screener(FilterSettings(device="cpu", jobs_per_device=4, compile_threads=2)) as screener:
         assert screener.settings.compile_threads == 2
-
-
-def test_timing_on_a_device_waits_for_sharers_and_holds_new_ones_back():
-    gate, order = DeviceGate(), []
-    sharing, release = threading.Event(), threading.Event()
-
-    def share(name: str, hold: threading.Event | None) -> None:
-        with gate.shared():
-            order.append(f"{name} in")
-            if hold is not None:
-                sharing.set()
-                hold.wait(5)
-            order.append(f"{name} out")
-
-    def time_it() -> None:
-        with gate.exclusive():
-            order.append("timing")
-
-    first = threading.Thread(target=share, args=("a", release))
-    first.start()
-    sharing.wait(5)
-    timer = threading.Thread(target=time_it)
-    timer.start()
-    time.sleep(0.2)  # the timer is now waiting for "a"
-    late = threading.Thread(target=share, args=("b", None))
-    late.start()
-    time.sleep(0.2)
-    assert order == ["a in"]  # neither the timer nor a new sharer got in
-    release.set()
-    for thread in (first, timer, late):
-        thread.join(5)
-    assert order == ["a in", "a out", "timing", "b in", "b out"]
-
 
 
 def test_a_candidate_out_of_memory_is_judged_again_with_no_other_screening_alive(monkeypatch):

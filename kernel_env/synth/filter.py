@@ -18,11 +18,12 @@ A candidate is kept when all of these hold, checked in this order (the cheap one
 The candidate's code runs only in a reference child (``evaluators/runner.py`` in an
 ``evaluators.isolation.Child``: bubblewrap, no network, resource limits), never in this
 process; the child reports facts, this module decides. Candidates are screened in parallel,
-``jobs_per_device`` at a time per device; a per-device gate makes timing exclusive (no other
-screening imports or runs its task on that device while one is timed), while imports and
-checks overlap each other. torch.compile runs outside the gate: compiling is minutes of CPU
-work that a waiting timer would otherwise stall every screening behind, and the compiled
-model's two short runs are noise a median of ten timed calls absorbs. The CPUs are shared
+``jobs_per_device`` at a time per device; a per-device lease (``evaluators/sharing.py``, the
+evaluation pool's too) makes timing exclusive (no other screening imports or runs its task on
+that device while one is timed), while imports and checks overlap each other. torch.compile
+runs outside the lease: compiling is minutes of CPU work that a waiting timer would otherwise
+stall every screening behind, and the compiled model's two short runs are noise a median of
+ten timed calls absorbs. The CPUs are shared
 among the processes compiling at once (``compile_threads``). A candidate that ran out of
 memory alongside others is judged again once no other screening's process is alive on that
 device (their contexts and caches hold memory even while they wait). A candidate whose process
@@ -43,13 +44,14 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kernel_env.evaluators.isolation import Child, ChildError
+from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.sandbox.bwrap import bubblewrap_problem
 
 GPU_BOUNDS_MS = (1.0, 100.0)
@@ -139,45 +141,6 @@ class Screening:
                    crashed=bool(record.get("crashed")))
 
 
-class DeviceGate:
-    """A reader-writer gate for one device: timing holds it exclusively, everything else shares
-    it; a waiting timer blocks new sharers, so timing never waits for more than the running ones."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._sharers = 0
-        self._exclusive = False
-        self._waiting = 0
-
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cv:
-            while self._exclusive or self._waiting:
-                self._cv.wait()
-            self._sharers += 1
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._sharers -= 1
-                self._cv.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cv:
-            self._waiting += 1
-            while self._exclusive or self._sharers:
-                self._cv.wait()
-            self._waiting -= 1
-            self._exclusive = True
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._exclusive = False
-                self._cv.notify_all()
-
-
 class _Rejected(Exception):
     pass
 
@@ -187,14 +150,14 @@ def _first_line(text: str | None, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit] + "…"
 
 
-def screen(code: str, task_id: str, settings: FilterSettings, *, device: str = "cpu", gate: DeviceGate | None = None,
+def screen(code: str, task_id: str, settings: FilterSettings, *, device: str = "cpu", gate: DeviceLease | None = None,
            cache_dir: Path | None = None, on_child: Any = None, canary: bool = False) -> Screening:
     """Judge one task (its whole source) on ``device`` (``cuda:N`` or ``cpu``). Never raises for
     anything the task does: every failure is a reason in the Screening. ``on_child(child)`` is
     called with the child process once it runs (so a caller can kill it on interrupt).
     ``canary``: only start the process and import the task (a check of this machine)."""
     started = time.monotonic()
-    gate = gate or DeviceGate()
+    gate = gate or DeviceLease()
     result = Screening(task_id=task_id, kept=False)
     job_dir = Path(tempfile.mkdtemp(prefix="synth-screen-"))
     (job_dir / "ref").mkdir()
@@ -247,9 +210,9 @@ def _ask(child: Child, cmd: str, doing: str, timeout: float, result: Screening, 
     return answer
 
 
-def _judge(child: Child, code: str, s: FilterSettings, gate: DeviceGate, result: Screening, child_device: str) -> None:
+def _judge(child: Child, code: str, s: FilterSettings, gate: DeviceLease, result: Screening, child_device: str) -> None:
     timeout = s.step_timeout_s
-    with gate.shared():
+    with gate.untimed():
         setup = _ask(child, "setup", "importing the task", timeout, result, device=child_device,
                      out_dir=child.path("/job/ref"), task_code=code)
         result.device_name = setup["device_name"]
@@ -273,7 +236,7 @@ def _judge(child: Child, code: str, s: FilterSettings, gate: DeviceGate, result:
         raise _Rejected
     low, high = s.bounds()
     flush = s.flush_bytes if child_device.startswith("cuda") else min(s.flush_bytes, 32 << 20)
-    with gate.exclusive():
+    with gate.timing():
         times = _ask(child, "ref_time", "timing the eager Model", s.compile_timeout_s, result, target="eager",
                      seeds=[secrets.randbits(31) for _ in range(s.timed_calls)],
                      warmup_seeds=[secrets.randbits(31) for _ in range(s.warmup_calls)],
@@ -315,11 +278,11 @@ class Screener:
         self.settings = settings
         self._own_cache = cache_dir is None
         self.cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="synth-compile-cache-"))
-        self._gates = {d: DeviceGate() for d in devices}
-        # Held shared by every screening for the life of its process, exclusively by a retry after
-        # running out of memory: only then is the device's memory free of other processes' contexts
-        # and caches (a timing gate does not free what a waiting process holds).
-        self._occupancy = {d: DeviceGate() for d in devices}
+        self._gates = {d: DeviceLease() for d in devices}
+        # Held as a sharer (untimed) by every screening for the life of its process, alone (timing) by
+        # a retry after running out of memory: only then is the device's memory free of other
+        # processes' contexts and caches (a timing gate does not free what a waiting process holds).
+        self._occupancy = {d: DeviceLease() for d in devices}
         self._slots: queue.Queue[str] = queue.Queue()
         for _ in range(max(1, settings.jobs_per_device)):
             for d in devices:
@@ -352,7 +315,7 @@ class Screener:
                 self._children.add(child)
 
         try:
-            with self._occupancy[device].shared():
+            with self._occupancy[device].untimed():
                 result = screen(code, task_id, self.settings, device=device, gate=self._gates[device],
                                 cache_dir=self.cache_dir, on_child=remember)
             if self._closing:
@@ -362,8 +325,8 @@ class Screener:
             if result.out_of_memory and self.workers > 1:
                 # Other screenings' processes held memory on this device: judge it again once none is
                 # left, with the device to itself.
-                with self._occupancy[device].exclusive():
-                    result = screen(code, task_id, self.settings, device=device, gate=DeviceGate(),
+                with self._occupancy[device].timing():
+                    result = screen(code, task_id, self.settings, device=device, gate=DeviceLease(),
                                     cache_dir=self.cache_dir, on_child=remember)
             return result
         finally:
