@@ -471,3 +471,33 @@ def test_without_bubblewrap_the_sandbox_says_so_loudly_once_and_still_runs(tmp_p
     assert result.stderr.count("SANDBOX NOT ISOLATED: bubblewrap (bwrap) is not installed") == 1
     assert result.stdout.count("ISOLATED: False") == 2
     assert result.stdout.count("RAN: ['ran',") == 2
+
+
+def test_a_look_at_a_background_job_loses_nothing_written_while_it_reads(tmp_path, monkeypatch):
+    """The server's look at a job's log, raced by a writer: every byte shows up exactly once."""
+    from kernel_env.sandbox import server
+
+    log_path = tmp_path / "bash_1.log"
+    log_path.write_bytes(b"")
+    lines = [f"line {i}\n".encode() for i in range(20_000)]
+    monkeypatch.setitem(server._jobs, "bash_1", {"proc": subprocess.Popen(["sleep", "60"]), "log": str(log_path),
+                                                 "offset": 0, "command": "writer"})
+
+    def write():
+        with open(log_path, "ab", buffering=0) as log:
+            for line in lines:
+                log.write(line)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen = []
+    try:
+        while writer.is_alive():
+            seen.append(server.op_bg_output({"job_id": "bash_1", "max_output": 1 << 20})["new_output"])
+        writer.join()
+        seen.append(server.op_bg_output({"job_id": "bash_1", "max_output": 1 << 20})["new_output"])
+    finally:
+        server._jobs["bash_1"]["proc"].kill()
+        server._jobs["bash_1"]["proc"].wait()
+    assert sum(1 for look in seen if look) > 2, "the writer finished before the looks raced it"
+    assert "".join(seen) == b"".join(lines).decode()

@@ -206,18 +206,16 @@ def op_bg_output(req: dict) -> dict:
     proc = job["proc"]
     running = proc.poll() is None
     with open(job["log"], "rb") as log:
-        log.seek(job["offset"])
-        data = log.read(cap + 1)
+        # The size first, then exactly the bytes up to it: what the job writes meanwhile is
+        # left for the next look (reading first and taking the size after lost it).
         size = os.fstat(log.fileno()).st_size
-    new_bytes = size - job["offset"]
-    # Keep the newest output when a job wrote more than the cap since the last look.
-    truncated = new_bytes > cap
-    if truncated:
-        with open(job["log"], "rb") as log:
-            log.seek(size - cap)
-            data = log.read(cap)
+        new_bytes = size - job["offset"]
+        # Keep the newest output when a job wrote more than the cap since the last look.
+        truncated = new_bytes > cap
+        log.seek(size - cap if truncated else job["offset"])
+        data = log.read(min(new_bytes, cap))
     job["offset"] = size
-    text = data[:cap].decode("utf-8", "replace")
+    text = data.decode("utf-8", "replace")
     if truncated:
         text = f"[... {new_bytes - cap} earlier bytes of output truncated ...]\n" + text
     return {"job_id": req["job_id"], "command": job["command"], "running": running,
