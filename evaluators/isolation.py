@@ -263,7 +263,7 @@ class Child:
             return False
         if self._cgroup is not None and self._cgroup.freeze():
             return True
-        return self._namespace is not None and self._namespace.signal(signal.SIGSTOP) > 0
+        return self._namespace is not None and self._namespace.stop() > 0
 
     def thaw(self) -> None:
         if self._cgroup is not None:

@@ -69,7 +69,15 @@ def _workers_running(name: str = "evaluate_remote") -> list[int]:
                         found.append(int(entry))
             except OSError:
                 pass
-    return found
+    # A worker's child between fork and exec (the job's sandbox starting) bears the same title.
+    return [pid for pid in found if _parent(pid) not in found]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _kill_the_worker(timeout: float = 120.0, avoid: frozenset[int] = frozenset()) -> int:

@@ -217,6 +217,31 @@ class PidNamespace:
                     continue
         return len(sent)
 
+    def stop(self, timeout: float = 1.0) -> int:
+        """SIGSTOP every process in the namespace and wait (up to ``timeout`` seconds) until each is
+        stopped: the signal takes effect only once a process next runs, a moment later on a busy
+        host. How many were sent it."""
+        sent = self.signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while sent and any(state not in "TtZX" for state in self._states()) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return sent
+
+    def _states(self) -> list[str]:
+        """The scheduler state (R, S, D, T, ...) of each process in the namespace."""
+        try:
+            namespace = os.readlink(f"/proc/{self.pid}/ns/pid")
+        except OSError:
+            return []
+        states = []
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and os.readlink(f"/proc/{entry}/ns/pid") == namespace:
+                    states.append(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0])
+            except (OSError, IndexError):
+                continue
+        return states
+
     def kill(self, timeout: float = 10.0) -> bool:
         """Kill everything in the namespace and wait until it is empty; idempotent. False if it
         did not empty within ``timeout`` seconds."""
