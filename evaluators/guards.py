@@ -37,44 +37,90 @@ ALLOWED_ATEN = frozenset({
     "record_stream", "empty_permuted", "_copy_from", "_copy_from_and_resize", "as_strided_", "unsafe_split",
     "_unsafe_index", "diagonal", "movedim", "expand_as", "view_as_real", "view_as_complex", "_conj", "conj",
     "resolve_conj", "resolve_neg", "is_same_size", "equal", "_has_compatible_shallow_copy_type", "result_type",
-    "scalar_tensor", "arange",
+    "scalar_tensor", "arange", "squeeze_", "unsqueeze_", "t_", "transpose_", "unfold", "swapaxes", "swapdims",
+    "narrow_copy", "view_copy", "permute_copy", "transpose_copy", "t_copy", "unsqueeze_copy", "squeeze_copy",
 })
 
 
-#: Copies of more elements than this from the GPU to the host are data leaving for a host-side
-#: computation (which the copy engines could even overlap with the launch cover), not a size read.
+#: More tensor elements than this handed to the host in one call (copies from the GPU, ``item()``
+#: on any device) are data leaving for a host-side computation (which the copy engines could even
+#: overlap with the launch cover), not a size or a scalar read.
 HOST_COPY_LIMIT = 1024
 
 
 class TorchComputeAudit(TorchDispatchMode):
-    """Records the computing ATen operators run while active, and copies of data from the GPU
-    to the host (the skill wants the outputs computed on the device)."""
+    """Records the computing ATen operators run while active, and tensor data handed to the host
+    beyond ``HOST_COPY_LIMIT`` elements in all (the skill wants the outputs computed on the device;
+    element by element, ``item()`` is a host-side computation's way in on any device)."""
 
     def __init__(self):
         super().__init__()
         self.forbidden: dict[str, int] = {}
+        self.host_elements = 0
+
+    def __enter__(self):
+        _AUDITS.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self in _AUDITS:
+            _AUDITS.remove(self)
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
         if name not in ALLOWED_ATEN:
             self.forbidden[name] = self.forbidden.get(name, 0) + 1
         out = func(*args, **(kwargs or {}))
-        if name in ("_to_copy", "copy_", "_copy_from", "_copy_from_and_resize") and _copies_to_host(name, args, out):
-            key = f"{name} from the GPU to the host"
-            self.forbidden[key] = self.forbidden.get(key, 0) + 1
+        read = _handed_to_host(name, args, out)
+        if read:
+            self.handed(read, "item() (tensor elements read one by one by the host)" if name == "_local_scalar_dense"
+                        else f"{name} from the GPU to the host")
         return out
 
+    def handed(self, elements: int, key: str) -> None:
+        """``elements`` of tensor data handed to the host (``key`` names how), against ``HOST_COPY_LIMIT`` in all."""
+        self.host_elements += elements
+        if self.host_elements > HOST_COPY_LIMIT:
+            self.forbidden[key] = self.forbidden.get(key, 0) + 1
 
-def _copies_to_host(name: str, args, out) -> bool:
-    """Whether a copy op moved more than HOST_COPY_LIMIT elements from a CUDA tensor into a CPU one."""
+
+_AUDITS: list[TorchComputeAudit] = []  # the active audits (one at a time in practice)
+_LAUNCHING = [0]  # depth of Triton launches in progress (KernelLaunchCounter): the interpreter's own reads
+
+
+def _reader(name: str, original):
+    def read(self, *args, **kwargs):
+        if _AUDITS and not _LAUNCHING[0] and isinstance(self, torch.Tensor):
+            _AUDITS[-1].handed(self.numel(), f"Tensor.{name.strip('_')} (tensor data handed to Python or numpy)")
+        return original(self, *args, **kwargs)
+
+    read.__wrapped__ = original
+    return read
+
+
+# Tensor methods that hand a tensor's data to Python or numpy through no ATen operator, so the dispatch
+# audit above sees nothing of them (numpy's arithmetic on the CPU device, whatever the spelling:
+# np.asarray(x) calls __array__). Wrapped once, when this module is imported, before any candidate code.
+for _name in ("numpy", "tolist", "__array__", "__dlpack__"):
+    if hasattr(torch.Tensor, _name):
+        setattr(torch.Tensor, _name, _reader(_name, getattr(torch.Tensor, _name)))
+
+
+def _handed_to_host(name: str, args, out) -> int:
+    """How many tensor elements an op hands the host: a copy from a CUDA tensor into a CPU one, or an element read."""
+    if name == "_local_scalar_dense":
+        return 1
     if name == "_to_copy":
         source, target = (args[0] if args else None), out
-    elif name == "copy_":
-        target, source = (args[0], args[1]) if len(args) > 1 else (None, None)
-    else:  # _copy_from(self, dst)
-        source, target = (args[0], args[1]) if len(args) > 1 else (None, None)
-    return (isinstance(source, torch.Tensor) and isinstance(target, torch.Tensor) and source.device.type == "cuda"
-            and target.device.type == "cpu" and source.numel() > HOST_COPY_LIMIT)
+    elif name in ("copy_", "_copy_from", "_copy_from_and_resize"):  # copy_(self, src); _copy_from(self, dst)
+        target, source = ((args[0], args[1]) if name == "copy_" else (args[1], args[0])) if len(args) > 1 else (None, None)
+    else:
+        return 0
+    if (isinstance(source, torch.Tensor) and isinstance(target, torch.Tensor) and source.device.type == "cuda"
+            and target.device.type == "cpu"):
+        return source.numel()
+    return 0
 
 
 #: How far past its end mark an audited call's work may seem to run and still be honest: the mark
@@ -219,7 +265,11 @@ class KernelLaunchCounter:
 
             def run(self, *args, __original=original, **kwargs):
                 counter.launches += 1
-                return __original(self, *args, **kwargs)
+                _LAUNCHING[0] += 1
+                try:
+                    return __original(self, *args, **kwargs)
+                finally:
+                    _LAUNCHING[0] -= 1
 
             run.__wrapped__ = original
             cls.run = run

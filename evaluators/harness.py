@@ -309,6 +309,9 @@ class _Evaluation:
     def check_trials(self, ref_trials: list[dict], cand_trials: list[dict]) -> None:
         s, result = self.s, self.result
         for index, (ref, cand) in enumerate(zip(ref_trials, cand_trials)):
+            if ref["non_tensor_outputs"]:
+                self.fail(f"the task cannot be evaluated: its Model returns {', '.join(ref['non_tensor_outputs'])}, not tensors "
+                          "(an output must be a tensor, or a tuple or list of them); not your code's fault")
             if cand["non_tensor_outputs"]:
                 result.trials.append(TrialReport(trial=index, correct=False, message=f"returned {', '.join(cand['non_tensor_outputs'])} instead of plain tensors"))
                 break
@@ -341,7 +344,7 @@ class _Evaluation:
                 result.violations.append(f"torch computes inside ModelNew.forward{suffix} ({ops}); all compute must be in your own kernels")
             if found.get("processes"):
                 result.violations.append(_PROCESSES_MESSAGE.format(when=f"running{suffix or ' (trials)'}", pids=", ".join(found["processes"][:5])))
-            if self.language.name == "triton" and found.get("triton_launches", 0) == 0:
+            if self.language.name == "triton" and found.get("triton_launches", 0) == 0 and not found.get("empty_output"):
                 result.violations.append(f"ModelNew.forward launched no Triton kernel{suffix}; compute must happen in Triton kernels")
             if (found.get("cover_kernels") or 0) > 1:
                 result.violations.append(f"ModelNew ran a kernel named like the evaluator's launch cover{suffix} "

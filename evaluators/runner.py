@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pickle
 import socket
 import sys
 import traceback
@@ -78,6 +79,7 @@ class Runner:
         self.out_dir = Path(".")
         self.pid_namespace = False
         self.processes: guards.Processes | None = None  # the process watch (guards.Processes), from cand_load
+        self.spare: frozenset[int] = frozenset()  # the model's weight and buffer storages, never poisoned
 
     # ------------------------------------------------------------------ shared
 
@@ -121,17 +123,18 @@ class Runner:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             outputs = timing.flatten(out)
-            kinds = [type(t).__name__ for t in outputs if type(t) is not torch.Tensor]
+            kinds = [type(t).__name__ for t in outputs if not timing.is_plain(t)]
             saved = [t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor) else t for t in outputs]
             if kinds:
                 saved = None
             else:
-                torch.save(saved if isinstance(out, (list, tuple)) else saved[0], self.out_dir / f"{prefix}_{index}.pt")
+                torch.save(saved if timing.is_sequence(out) else saved[0], self.out_dir / f"{prefix}_{index}.pt")
             mutated = any(
                 isinstance(a, torch.Tensor) and (a.shape != b.shape or not torch.equal(a.nan_to_num(), b.nan_to_num()))
                 for a, b in zip(inputs, pristine)
             )
-            reports.append({"mutated_inputs": mutated, "non_tensor_outputs": kinds, **extra})
+            reports.append({"mutated_inputs": mutated, "non_tensor_outputs": kinds,
+                            "empty_output": not kinds and all(t.numel() == 0 for t in outputs), **extra})
             del out, outputs, inputs, pristine
         return reports
 
@@ -141,7 +144,7 @@ class Runner:
             fn, self.make_inputs, _streamed_seeds(req), self.device, warmup_seeds=req.get("warmup_seeds", ()),
             flush_bytes=req["flush_bytes"], launch_cover_us=req.get("launch_cover_us", 0.0),
             fp_seed=req["fp_seed"], signal=self.channel.mark,
-            audit=audit, audit_at=req.get("audit_at", ()), details=details, after_call=after_call,
+            audit=audit, audit_at=req.get("audit_at", ()), details=details, after_call=after_call, spare=self.spare,
         )
         return {"times_ms": times, "fingerprints": prints, "details": details}
 
@@ -150,9 +153,13 @@ class Runner:
     def cmd_ref_init(self, req: dict) -> dict:
         torch.manual_seed(req["init_seed"])
         init = self.task["get_init_inputs"]()
-        torch.save(init, self.out_dir / "init_inputs.pt")
+        try:
+            torch.save(init, self.out_dir / "init_inputs.pt")
+        except Exception:  # noqa: BLE001 - not picklable (torch.channels_last): the candidate's process makes them itself
+            torch.save(None, self.out_dir / "init_inputs.pt")
         torch.manual_seed(req["init_seed"])
         self.model = self.task["Model"](*init).to(self.device).eval()
+        self.spare = timing.module_storages(self.model)
         torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, self.out_dir / "state_dict.pt")
         return {}
 
@@ -221,7 +228,12 @@ class Runner:
         record_problem = self.record.probe() if self.device.type == "cuda" else None
         sys.path.insert(0, str(snapshot))
         sys.path.insert(0, str(snapshot / "build"))
-        init = torch.load(req["init_inputs"], weights_only=True)
+        init = _init_inputs(req["init_inputs"])
+        if init is None:
+            # Values only a full unpickling rebuilds (a class, a range), or none could be saved: made here as
+            # the reference made them (the same code and seed; no candidate code has run in this process yet).
+            torch.manual_seed(req["init_seed"])
+            init = self.task["get_init_inputs"]()
         reference_state = torch.load(req["state_dict"], weights_only=True)
         spec = importlib.util.spec_from_file_location("model_new", snapshot / "model_new.py")
         module = importlib.util.module_from_spec(spec)
@@ -248,6 +260,7 @@ class Runner:
         mismatched = sorted(k for k, v in reference_state.items() if k in own and own[k].shape != v.shape)
         model.load_state_dict(matched, strict=False)
         self.model = model.to(self.device).eval()
+        self.spare = timing.module_storages(self.model)
         return {"loaded_weights": sorted(matched), "shape_mismatch": mismatched,
                 "missing_weights": sorted(k for k in reference_state if k not in own), "record_problem": record_problem}
 
@@ -267,6 +280,7 @@ class Runner:
             end = bench.marks.mark()
             bench.marks.sync()
         return out, {"torch_ops": audit.forbidden, "triton_launches": self.launches.launches - before,
+                     "empty_output": all(isinstance(t, torch.Tensor) and t.numel() == 0 for t in timing.flatten(out)),
                      "processes": self._new_processes(), **self.record.outside(bench.marks.elapsed_ms(start, end))}
 
     def _new_processes(self) -> list[str]:
@@ -282,7 +296,7 @@ class Runner:
         try:
             with torch.no_grad():
                 for seed in req["seeds"]:
-                    timing.poison(self.model(*self.make_inputs(seed)))
+                    timing.poison(self.model(*self.make_inputs(seed)), self.spare)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         except Exception as exc:
@@ -295,7 +309,7 @@ class Runner:
         def audit(inputs: list, bench: timing.Bench) -> None:
             with torch.no_grad():
                 out, found = self._audited_call(inputs, bench)
-            timing.poison(out)
+            timing.poison(out, self.spare)
             audits.append(found)
 
         processes: set[str] = set()  # alive after any timed call: work there escapes the end mark's synchronise
@@ -314,6 +328,14 @@ class Runner:
     def cmd_cand_integrity(self, req: dict) -> dict:
         return {"changes": self.integrity.changes(), "new_threads": self.integrity.new_threads(),
                 "processes": self._new_processes()}
+
+
+def _init_inputs(path: str):
+    """The reference's init inputs as plain data (tensors, numbers, strings, dtypes...), or None."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        return None
 
 
 def _streamed_seeds(req: dict):

@@ -37,7 +37,7 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
     # torch.utils.data.dataloader.threading, triton.knobs.subprocess, torch.fx.node.operator, ...): no import names them.
     (r"\.\s*(?:ctypes|_ctypes|gc|inspect|sys|builtins|importlib|io|_io|pickle|marshal|subprocess|threading|_thread|"
      r"multiprocessing|concurrent|traceback|socket|_socket|mmap|posix|fcntl|pty|resource|faulthandler|atexit|weakref|"
-     r"runpy|asyncio|operator|types|hmac|_hashlib|signal|mp|python_multiprocessing|reducer)\b(?!\s*\()",
+     r"runpy|asyncio|operator|types|hmac|_hashlib|signal|mp|python_multiprocessing|reducer|np)\b(?!\s*\()",
      "reaches a module that reaches around the harness through another module's attributes (torch.ctypes, "
      "torch.cuda.graphs.gc, ...)"),
     # The builtins, called or passed on as values (map(getattr, [torch], [name]): the name in a string no rule
@@ -74,6 +74,13 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
      r"\bweights_only\b|\b(?:pkgutil|cloudpickle|dill|shelve|joblib|copyreg|get_type_hints|ForwardRef|singledispatch\w*)\b",
      "loads objects or code from data (torch.load, torch.package, torch.hub, pickle's relatives, evaluated annotations)"),
 )
+_PYTHON_RULES += (
+    # The run-time audit sees torch's operators; numpy's and Python's arithmetic on a tensor's data
+    # (reached without importing numpy: x.numpy(), x.tolist()) it does not.
+    (r"\.\s*(?:numpy|tolist)\b|\bfrom_numpy\b|\bdlpack\b|__(?:array\w*|dlpack\w*|cuda_array_interface)__|"
+     r"\b(?:untyped_storage|_typed_storage|storage)\b|\bmemoryview\b|\bfrombuffer\b",
+     "reads tensor data into Python or numpy (x.numpy(), x.tolist(), storages, DLPack); compute in your own kernels"),
+)
 # Python checked with string literals kept: the interpreter's internals named in a string reach objects
 # all the same, through format fields ("{0.__traceback__.tb_frame}".format(e)) or data that is unpickled.
 _PYTHON_RAW_RULES: tuple[tuple[str, str], ...] = (
@@ -81,6 +88,11 @@ _PYTHON_RAW_RULES: tuple[tuple[str, str], ...] = (
      r"\b(?:f_back|f_locals|f_globals|f_builtins|tb_frame|tb_next|gi_frame|cr_frame|ag_frame|_getframe|_current_frames)\b",
      "names the interpreter's internals, in code or in a string (format fields and unpickled data reach objects by name)"),
 )
+_THREADS = ("starts threads or processes, or loads code at run time: work that runs on after forward returns is "
+            "out of the timing's sight (parallelise with OpenMP: `#pragma omp parallel for`)")
+# With `using namespace std`, std::thread is `thread`: declared, constructed, listed or aliased by a macro.
+_BARE_THREADS = (r"(?<![\w:.>])(?:j?thread\s*(?:[({]|[A-Za-z_]\w*\s*[({;=])|async\s*\()|<\s*j?thread\s*>|"
+                 r"^[ \t]*#[ \t]*define\b[^\n]*\b(?:j?thread|async)\b")
 # C++/CUDA: torch operators (compute), the dispatcher's state, threads, run-time loading.
 _NATIVE_RULES: tuple[tuple[str, str], ...] = (
     (r"DispatchModeTLS|PythonTLSSnapshot|TorchFunctionMode|ThreadLocalState|impl::tls_|DispatchKey|ExcludeDispatchKeyGuard|"
@@ -88,9 +100,16 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
      r"getCurrentCUDABlasHandle|CUDAGuard|OptionalCUDAGuard|getDefaultCUDAStream|CUDAStream)|"
      r"\bnamespace\s+\w+\s*=\s*(::)?(at|torch|c10)\b|##",
      "reaches past the dispatcher or into its thread-local state"),
+    # Names of torch's own namespaces used unqualified (`using namespace at; cpu::add(x, y)`, code inside a
+    # reopened `namespace at {`) are torch's functions under names no rule here reads.
+    (r"\busing\s+namespace\s+(?:::)?(?:at|torch|c10|caffe2)\b|\bnamespace\s+(?:::)?(?:at|torch|c10|caffe2)\b(?!\s*=)|"
+     r"::[ \t]*\n|\w[ \t]*\n[ \t]*::",
+     "names torch's functions without their namespace (a using-directive for at/torch/c10, code inside their "
+     "namespaces, or a qualified name split across lines); spell torch names in full, on one line: torch::empty_like"),
     (r"\bdlopen\s*\(|\bdlsym\s*\(|\bfork\s*\(|\bsystem\s*\(|\bpopen\s*\(|\bposix_spawn\w*\s*\(|"
-     r"std::thread|std::async|std::jthread|pthread_create",
-     "starts threads or processes, or loads code at run time (parallelise with OpenMP: `#pragma omp parallel for`)"),
+     r"\bstd::(?:thread|jthread|async)\b|pthread_create|\bthrd_create\b|\w*ThreadPool\w*|\b(?:at|c10)::(?:launch|intraop_launch)\w*|"
+     r"\bcu(?:da)?(?:LaunchHostFunc|StreamAddCallback)\b",
+     _THREADS),
     # The evaluator's device record of audited calls is CUPTI's: code of the candidate's must not subscribe, stop or
     # flush it (nor start and stop external profilers).
     (r"\bcupti\w*|\bCUpti\w*|\bcu(?:da)?Profiler(?:Start|Stop|Initialize)\b",
@@ -126,14 +145,15 @@ _ALLOWED_TORCH_CALLS = frozenset({
     "from_blob", "TensorOptions", "Tensor", "Scalar", "Device", "dtype", "device", "IntArrayRef", "ArrayRef",
     "getCurrentCUDAStream", "getDefaultCUDAStream", "CUDAGuard", "OptionalCUDAGuard", "getCurrentCUDABlasHandle",
     "elementSize", "typeMetaToScalarType", "toString", "kFloat", "kHalf", "kBFloat16", "kInt", "kLong",
+    "arange", "Half", "BFloat16", "complex", "Float8_e4m3fn", "Float8_e5m2", "ScalarType",  # element types: values, not ops
 })
-_TORCH_CALL = re.compile(r"\b(?:at|torch)::(?:\w+::)*(\w+)\s*[({]")
+_TORCH_CALL = re.compile(r"\b(?:at|torch)::(?:\w+::)*(\w+)\s*[({]|\busing\s+(?:::)?(?:at|torch|c10)::(?:\w+::)*(\w+)\s*;")
 # Tensor methods that compute; a binding may only ask a tensor for its properties and data.
 _TENSOR_COMPUTE_METHOD = re.compile(
     r"\.\s*(add|sub|mul|div|matmul|mm|bmm|addmm|baddbmm|relu|gelu|silu|sigmoid|tanh|softmax|log_softmax|sum|mean|"
     r"var|std|norm|exp|log|pow|sqrt|rsqrt|abs|neg|clamp|clamp_min|clamp_max|maximum|minimum|where|index_select|"
     r"gather|scatter|scatter_add|masked_fill|conv\d?d|linear|layer_norm|batch_norm|cumsum|prod|argmax|argmin|topk|"
-    r"sort|max|min|t|transpose|permute|expand|repeat|cat|stack|to)_?\s*\(")
+    r"sort|max|min|repeat|cat|stack|to)_?\s*\(")
 
 def check_sources(snapshot: Path) -> list[str]:
     """Violations found in the candidate's own sources: model_new.py and kernels/."""
@@ -147,9 +167,13 @@ def check_sources(snapshot: Path) -> list[str]:
             continue
         raw = path.read_text(errors="replace")
         text = _code_only(raw, python=path.suffix == ".py")
+        if rules is _NATIVE_RULES:
+            text = re.sub(r"[ \t]*::[ \t]*", "::", text)  # `at :: cpu :: add` is at::cpu::add
         checks = [(pattern, why, text) for pattern, why in rules]
         if rules is _NATIVE_RULES:
             violations += _torch_calls(path.relative_to(snapshot), text)
+            if re.search(r"\busing\s+namespace\s+(?:::)?std\b", text):
+                checks.append((_BARE_THREADS, _THREADS + " (`thread` under `using namespace std` is std::thread)", text))
             with_strings = _code_only(raw, python=False, keep_strings=True)
             checks += [(pattern, why, with_strings) for pattern, why in _NATIVE_RAW_RULES]
         else:
@@ -165,7 +189,7 @@ def check_sources(snapshot: Path) -> list[str]:
 
 def _torch_calls(name: Path, text: str) -> list[str]:
     for match in _TORCH_CALL.finditer(text):
-        if match.group(1) not in _ALLOWED_TORCH_CALLS:
+        if (match.group(1) or match.group(2)) not in _ALLOWED_TORCH_CALLS:
             line = text.count("\n", 0, match.start()) + 1
             return [f"{name}:{line} calls a torch operator (`{match.group(0).rstrip('({ ')}`): only allocation and "
                     "tensor properties are allowed in kernels; compute in your own kernels"]
@@ -198,8 +222,27 @@ def _code_only(text: str, *, python: bool, keep_strings: bool = False) -> str:
         return "".join("".join(line) for line in blanked)
 
     def blank(match: re.Match) -> str:
-        if keep_strings and match.group(0).startswith('"'):
+        if keep_strings and not match.group(0).startswith("/"):
             return match.group(0)
         return re.sub(r"[^\n]", " ", match.group(0))
 
-    return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', blank, text, flags=re.DOTALL)
+    # As the compiler reads it: line splices joined first (`std::thr\<newline>ead` is std::thread, a
+    # `//` comment ending in a backslash goes on), then comments, raw strings, strings and character
+    # literals (not a digit separator: 1'000), each whole, so no quote inside one starts another.
+    return re.sub(r'//[^\n]*|/\*.*?\*/|R"([^()\\\s]{0,16})\(.*?\)\1"|"(?:\\.|[^"\\\n])*"|(?<!\w)\'(?:\\.|[^\'\\\n]){1,10}\'',
+                  blank, _spliced(text), flags=re.DOTALL)
+
+
+def _spliced(text: str) -> str:
+    """C++'s line splices (a backslash at a line's end) joined; the joined line's newlines follow it,
+    so every other line keeps its number."""
+    out, joined, carried = [], "", 0
+    for line in text.split("\n"):
+        if line.endswith("\\"):
+            joined, carried = joined + line[:-1], carried + 1
+            continue
+        out.append(joined + line + "\n" * carried)
+        joined, carried = "", 0
+    if carried:
+        out.append(joined + "\n" * (carried - 1))
+    return "\n".join(out)

@@ -178,7 +178,29 @@ class LaunchCover:
 
 
 def flatten(value) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+    """A call's outputs, read without running any of its code: the items of a tuple or list, nested
+    ones included (a subclass's through the base type's own iterator, so an ``__iter__`` of the
+    candidate's cannot compute the outputs when the harness reads them, after the audit and the end
+    mark), else the one value. The real type decides, not ``isinstance``, which a ``__class__``
+    property fools."""
+    kind = type(value)
+    if issubclass(kind, tuple):
+        items = tuple.__iter__(value)
+    elif issubclass(kind, list):
+        items = list.__iter__(value)
+    else:
+        return [value]
+    return [leaf for item in items for leaf in flatten(item)]
+
+
+def is_sequence(value) -> bool:
+    """Whether ``flatten`` reads ``value`` as several outputs (by its real type)."""
+    return issubclass(type(value), (tuple, list))
+
+
+def is_plain(value) -> bool:
+    """A tensor with nothing of its own: ``torch.Tensor`` itself, or a module's ``Parameter`` returned as is."""
+    return type(value) in (torch.Tensor, torch.nn.Parameter)
 
 
 def fingerprint(output, fp_seed: int) -> list[dict]:
@@ -187,12 +209,12 @@ def fingerprint(output, fp_seed: int) -> list[dict]:
     generator = _Generator().manual_seed(fp_seed)
     for tensor in flatten(output):
         if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0:
-            summary.append({"plain": isinstance(tensor, torch.Tensor) and type(tensor) is torch.Tensor, "numel": 0, "samples": [], "abs_sum": 0.0})
+            summary.append({"plain": is_plain(tensor), "numel": 0, "samples": [], "abs_sum": 0.0})
             continue
         flat = tensor.detach().reshape(-1)
         index = _randint(0, flat.numel(), (FINGERPRINT_SAMPLES,), generator=generator).to(flat.device)
         summary.append({
-            "plain": type(tensor) is torch.Tensor,  # a subclass could compute lazily, after the end mark
+            "plain": is_plain(tensor),  # a subclass could compute lazily, after the end mark
             "numel": flat.numel(),
             "samples": flat[index].double().cpu().tolist(),
             "abs_sum": float(flat.double().abs().nansum().cpu()),
@@ -218,14 +240,28 @@ def fingerprints_match(expected: list[dict], got: list[dict], atol: float, rtol:
     return True
 
 
-def poison(output) -> None:
-    """Overwrite returned floating-point outputs with NaN once they have been checked."""
+def poison(output, spare: frozenset[int] = frozenset()) -> None:
+    """Overwrite returned floating-point outputs with NaN once they have been checked, but for those
+    in the storages ``spare`` names (a module's own weights and buffers, which an output may be a view
+    of: a reference returning ``self.cos_cached[:n]`` must not find NaN there in its next call)."""
     for tensor in flatten(output):
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and _storage(tensor) not in spare:
             try:
                 tensor.detach().fill_(float("nan"))
             except RuntimeError:
                 pass
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except RuntimeError:  # no storage of its own (a subclass, a meta tensor)
+        return 0
+
+
+def module_storages(module: torch.nn.Module) -> frozenset[int]:
+    """The storages of a module's weights and buffers, which ``poison`` spares."""
+    return frozenset(_storage(t) for t in (*module.parameters(), *module.buffers())) - {0}
 
 
 class Bench:
@@ -255,7 +291,7 @@ def time_calls(
     warmup_seeds: Sequence[int] = (), flush_bytes: int = 256 << 20, launch_cover_us: float = 0.0, fp_seed: int = 0,
     signal: Callable[[str, int], None] | None = None,
     audit: Callable[[list, Bench], None] | None = None, audit_at: Sequence[int] = (), details: dict | None = None,
-    after_call: Callable[[], None] | None = None,
+    after_call: Callable[[], None] | None = None, spare: frozenset[int] = frozenset(),
 ) -> tuple[list[float], list[list[dict]]]:
     """Milliseconds of each timed call, and each call's output fingerprint.
 
@@ -266,7 +302,7 @@ def time_calls(
     timing run at positions the code under test cannot predict; it gets the device ready with
     ``bench.ready(audited=True)`` itself, under whatever it watches the call with.
     ``after_call()`` runs after every timed call's end signal, outside the measurement (the
-    candidate's process watch).
+    candidate's process watch). ``spare``: storages ``poison`` leaves alone (``module_storages``).
 
     ``details``, when given, is filled with what each timing is made of, for diagnosis (nothing
     decides on it): ``launch_us`` (host time from the start mark until the call returned, which
@@ -282,7 +318,7 @@ def time_calls(
             marks.use_default_stream()
             out = fn(*make_inputs(seed))
             marks.sync()
-            poison(out)
+            poison(out, spare)
             del out
         idle_before = _idle_tails(bench, rounds=10)
         idle_after = []  # one reading after each call
@@ -302,12 +338,14 @@ def time_calls(
             own.append(marks.elapsed_ms(start, end))
             if signal:
                 signal("end", index)
+            # The output is read at once: work that finishes it later (a thread of the call's own,
+            # past every rule) would otherwise have the harness's steps below to do it in, unseen.
+            prints.append(fingerprint(out, fp_seed))
+            poison(out, spare)
             if after_call is not None:
                 after_call()
             launches.append((returned - launched) / 1e3)
             idle_after += _idle_tails(bench, rounds=1)
-            prints.append(fingerprint(out, fp_seed))
-            poison(out)
             del out, inputs
             if audit is not None and index in audit_at:
                 marks.use_default_stream()

@@ -73,6 +73,22 @@ TASK_CODE = textwrap.dedent(
     """
 )
 TASK = Task(id="test/relu_add_16k", code=TASK_CODE, source="file", name="relu_add_16k")
+# The same task with two outputs, for the candidates named pair_*.
+PAIR_TASK_CODE = TASK_CODE.replace("return torch.relu(x + y)", "return torch.relu(x + y), torch.relu(y + x)")
+# Variants of the task for the candidates named edge_*: honest kernels for what tasks do besides one output tensor.
+EDGE_TASKS = {
+    "edge_parameter_output": TASK_CODE.replace("super().__init__()", "super().__init__()\n        self.weight = nn.Parameter(torch.randn(N))")
+                                      .replace("return torch.relu(x + y)", "return torch.relu(x + y), self.weight"),
+    "edge_buffer_view": TASK_CODE.replace("super().__init__()", "super().__init__()\n        self.register_buffer('table', torch.randn(64))")
+                                 .replace("return torch.relu(x + y)", "return torch.relu(x + y), self.table[:16]"),
+    "edge_nested": TASK_CODE.replace("return torch.relu(x + y)", "return torch.relu(x + y), (torch.relu(y + x), torch.relu(x + y))"),
+    "edge_empty": TASK_CODE.replace("N = 1 << 14", "N = 0"),
+    "edge_init_class": TASK_CODE.replace("def __init__(self):", "def __init__(self, activation):")
+                                .replace("super().__init__()", "super().__init__()\n        self.activation = activation()")
+                                .replace("return torch.relu(x + y)", "return self.activation(x + y)")
+                                .replace("return []", "return [nn.ReLU]"),
+}
+EDGE_TASKS["edge_nested_flat"] = EDGE_TASKS["edge_nested"]
 SETTINGS = EvalSettings(timed_calls=10, warmup_calls=3, checked_timed_calls=3, job_timeout_s=120)
 PARALLEL_JOBS = 3
 
@@ -146,8 +162,8 @@ def make_snapshot(root: Path, language: str, name: str, so_path: Path | None = N
     return snap
 
 
-def make_job(snapshot: Path, language: str, mode: Mode, settings: EvalSettings = SETTINGS) -> EvalJob:
-    return EvalJob(job_id=uuid.uuid4().hex[:12], task_id=TASK.id, task_code=TASK_CODE, language=language,
+def make_job(snapshot: Path, language: str, mode: Mode, settings: EvalSettings = SETTINGS, task_code: str = TASK_CODE) -> EvalJob:
+    return EvalJob(job_id=uuid.uuid4().hex[:12], task_id=TASK.id, task_code=task_code, language=language,
                    device="cpu", mode=mode, snapshot_dir=snapshot, settings=settings)
 
 
@@ -540,6 +556,62 @@ def test_work_deferred_to_a_native_thread_is_rejected(jobs, name):
     assert_rejected(jobs.verify("cpp", name), "elements outside", "threads or processes")
 
 
+def test_a_native_worker_finishing_timed_outputs_late_is_rejected(jobs, monkeypatch):
+    """Past the source rules (which refuse its thread), a timed call's output is read as soon as the
+    call has ended, before the harness's own work after it (the process watch, an idle reading and
+    its cache flush, several milliseconds on this CPU, in which a worker 1 ms late used to finish)."""
+    assert any("starts threads" in v for v in check_sources(jobs.snapshot("cpp", "persistent_worker")))
+    jobs.ensure_baselines()
+    monkeypatch.setattr(harness, "check_sources", lambda snapshot: [])
+    assert_rejected(jobs._evaluate("cpp", "persistent_worker", Mode.PROFILE), "returned a wrong result")
+
+
+def _pair(jobs, name: str) -> EvalResult:
+    return evaluate(make_job(jobs.snapshot("triton", name), "triton", Mode.VERIFY, task_code=PAIR_TASK_CODE),
+                    baselines=jobs.baselines)
+
+
+@pytest.mark.parametrize("name", ["pair_honest", "pair_namedtuple"])
+def test_honest_kernels_returning_several_outputs_are_correct(jobs, name):
+    assert_honest(_pair(jobs, name))
+
+
+def _edge(jobs, name: str, mode: Mode = Mode.VERIFY, task_code: str | None = None) -> EvalResult:
+    return evaluate(make_job(jobs.snapshot("triton", name), "triton", mode, task_code=task_code or EDGE_TASKS[name]),
+                    baselines=jobs.baselines)
+
+
+@pytest.mark.parametrize("name", ["edge_parameter_output", "edge_nested", "edge_nested_flat", "edge_empty", "edge_init_class"])
+def test_honest_kernels_for_tasks_beyond_one_output_tensor_are_correct(jobs, name):
+    """A Parameter returned as is, nested outputs (compared element by element, however nested), empty
+    inputs with nothing to launch, a class among the init inputs (which only the task's own code rebuilds)."""
+    assert_honest(_edge(jobs, name))
+
+
+def test_outputs_that_are_views_of_a_buffer_stay_correct_through_timing(jobs, tmp_path):
+    """The outputs of timed calls are poisoned once checked, but for a module's own weights and buffers
+    (a rotary embedding's cached table): the reference's baselines (measured in the first job) and the
+    candidate's warm-up (the second, baselines cached) leave them whole."""
+    jobs.wait_all()
+    fresh = BaselineCache(tmp_path)
+    for name in ("edge_buffer_copy", "edge_buffer_view"):
+        job = make_job(jobs.snapshot("triton", name), "triton", Mode.PROFILE, task_code=EDGE_TASKS["edge_buffer_view"])
+        result = evaluate(job, baselines=fresh)
+        assert_honest(result)
+        assert result.runtime is not None, why(result)
+
+
+def test_a_task_whose_model_returns_no_tensor_is_the_tasks_fault(jobs):
+    result = _edge(jobs, "honest", task_code=TASK_CODE.replace("return torch.relu(x + y)", "return None"))
+    assert result.reward == -1 and "the task cannot be evaluated" in (result.error or ""), why(result)
+
+
+def test_a_tuple_that_computes_its_items_when_read_is_rejected(jobs):
+    """Its __iter__ would run torch after the audit (and after a timed call's end mark): the harness
+    reads the tuple's own items, here the inputs."""
+    assert_rejected(_pair(jobs, "pair_lazy_tuple"), "elements outside")
+
+
 def test_a_thread_left_running_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "thread_left_running"), "left threads running", "imports a module")
 
@@ -642,6 +714,11 @@ def past_rules(jobs, monkeypatch):
     attack's spelling before anything runs, are switched off (after every background job has ended)."""
     jobs.wait_all()
     monkeypatch.setattr(harness, "check_sources", lambda snapshot: [])
+
+
+def test_numpy_reached_without_an_import_is_seen_at_run_time(jobs, past_rules):
+    assert check_sources(jobs.snapshot("triton", "numpy_method"))
+    assert_rejected(jobs._evaluate("triton", "numpy_method", Mode.VERIFY), "handed to Python or numpy")
 
 
 def test_reference_outputs_cannot_be_found_on_disk(jobs, past_rules):

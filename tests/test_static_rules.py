@@ -32,6 +32,8 @@ PROCESS = "touches files, file descriptors, memory mappings or the process"
 NATIVE_CLOCK = "reads a clock"
 TO_HOST = "from the GPU to the host"
 ASM_SYSCALL = "makes system calls from inline assembly"
+THREADS = "starts threads or processes"
+UNQUALIFIED = "names torch's functions without their namespace"
 
 # C++ in a binding, each refused with the rule's message.
 NATIVE_REFUSED = {
@@ -80,6 +82,23 @@ NATIVE_REFUSED = {
     "cupti-disable": ("cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);", "reaches the profiler (CUPTI)"),
     "cupti-flush": ("cuptiActivityFlushAll(0);", "reaches the profiler (CUPTI)"),
     "profiler-stop": ("cudaProfilerStop();", "reaches the profiler (CUPTI)"),
+    # Threads, however spelled: work that runs on after forward returns is out of the timing's sight.
+    "bare-thread": ("using namespace std; thread worker(work); worker.detach();", THREADS),
+    "bare-thread-list": ("using namespace std; vector<thread> pool;", THREADS),
+    "bare-async": ("using namespace std; auto done = async(launch::async, work);", THREADS),
+    "thread-by-macro": ("#define WORKER thread\n  using namespace std; WORKER w(work);", THREADS),
+    "spaced-thread": ("std :: thread t(work);", THREADS),
+    "spliced-thread": ("std::thr\\\nead t(work);", THREADS),
+    "thread-after-char-quote": ("char quote = '\"'; std::thread t(work); const char* s = \"\";", THREADS),
+    "thread-between-digit-separators": ("int64_t a = 1'0; std::thread t(work); int64_t b = 2'0;", THREADS),
+    "thread-pool": ("c10::ThreadPool pool(2);", THREADS),
+    "host-function": ("cudaLaunchHostFunc(stream, work, nullptr);", THREADS),
+    # Torch's functions under names no rule reads.
+    "using-namespace-at": ("using namespace at; auto r = cpu::add(x, y);", UNQUALIFIED),
+    "reopened-namespace": ("namespace at { Tensor twice(Tensor v) { return cpu::add(v, v); } }", UNQUALIFIED),
+    "split-qualified-name": ("auto r = at::\n  cpu::add(x, y);", UNQUALIFIED),
+    "using-declaration": ("using at::add; auto r = add(x, y);", "calls a torch operator"),
+    "spaced-namespace": ("auto r = at :: cpu :: add(x, y);", "reaches past the dispatcher"),
 }
 
 NATIVE_ALLOWED = {
@@ -89,6 +108,11 @@ NATIVE_ALLOWED = {
     "inline-ptx": 'asm volatile("membar.gl;");',
     "names-in-comments-and-strings": '// never PyEval_GetFrame(), fopen() or a syscall here\n  TORCH_CHECK(true, "no py::exec");',
     "side-stream-joined": ("cudaEventRecord(done, side);\n  cudaStreamWaitEvent(at::cuda::getCurrentCUDAStream(), done, 0);"),
+    "variable-named-thread": "using namespace std; int thread = 3; if (thread < 4) { thread += 1; }",
+    "using-torch-tensor": "using torch::Tensor; Tensor copy = torch::empty_like(x);",
+    "global-scope-call": "::memset(nullptr, 0, 0);",
+    "digit-separators": "int64_t big = 1'000'000;",
+    "macro-continuation": "#define IDENTITY(a) \\\n  (a)\n  int z = IDENTITY(1);",
 }
 
 HARNESS = "reaches around the harness"
@@ -139,6 +163,12 @@ PYTHON_REFUSED = {
     "format-traversal": ("text = '{0.__traceback__.tb_frame.f_back.f_locals}'.format(error)", "names the interpreter's internals"),
     "from-cpp_extension": ("from torch.utils.cpp_extension import load", "compiles code at run time"),
     "cupti-python": ("from cupti import cupti", "inspects the profiler"),
+    # numpy's and Python's arithmetic on a tensor's data, reached without importing numpy.
+    "tensor-numpy": ("out = torch.from_numpy(x.numpy() + y.numpy())", "reads tensor data into Python or numpy"),
+    "tolist": ("out = torch.tensor([max(a + b, 0.0) for a, b in zip(x.tolist(), y.tolist())])", "reads tensor data into Python or numpy"),
+    "storage": ("first = x.untyped_storage()[0]", "reads tensor data into Python or numpy"),
+    "array-interface": ("view = x.__array__()", "reads tensor data into Python or numpy"),
+    "numpy-through-triton": ("np = triton.runtime.interpreter.np", "through another module's attributes"),
 }
 
 PYTHON_ALLOWED = {

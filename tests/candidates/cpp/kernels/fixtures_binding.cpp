@@ -15,6 +15,7 @@
 #include "torch_alias_hidden_fixture.h"
 #include "deferred_fixture.h"
 #include "deferred_jthread_fixture.h"
+#include "persistent_worker_fixture.h"
 
 static void register_fixtures(pybind11::module& m) {
   register_misc(m);
@@ -25,6 +26,7 @@ static void register_fixtures(pybind11::module& m) {
   register_torch_alias_hidden(m);
   register_deferred(m);
   register_deferred_jthread(m);
+  register_persistent_worker(m);
 }
 
 REGISTER_BINDING(fixtures, register_fixtures);
