@@ -69,6 +69,8 @@ class TorchComputeAudit(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+        if getattr(func, "namespace", "aten") != "aten":  # an operator of the candidate's (torch.library) named like ATen's
+            name = f"{func.namespace}::{name}"
         if name not in ALLOWED_ATEN:
             self.forbidden[name] = self.forbidden.get(name, 0) + 1
         out = func(*args, **(kwargs or {}))
@@ -101,8 +103,8 @@ def _reader(name: str, original):
 
 # Tensor methods that hand a tensor's data to Python or numpy through no ATen operator, so the dispatch
 # audit above sees nothing of them (numpy's arithmetic on the CPU device, whatever the spelling:
-# np.asarray(x) calls __array__). Wrapped once, when this module is imported, before any candidate code.
-for _name in ("numpy", "tolist", "__array__", "__dlpack__"):
+# np.asarray(x) calls __array__; map_/apply_ run a Python callable on every element). Wrapped once, when this module is imported, before any candidate code.
+for _name in ("numpy", "tolist", "__array__", "__dlpack__", "map_", "map2_", "apply_"):
     if hasattr(torch.Tensor, _name):
         setattr(torch.Tensor, _name, _reader(_name, getattr(torch.Tensor, _name)))
 
@@ -289,7 +291,8 @@ def _watched() -> dict[str, object]:
 
     watched = {
         "torch": torch, "torch.Tensor": torch.Tensor, "torch.nn.functional": torch.nn.functional,
-        "torch.nn.Module": torch.nn.Module, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
+        "torch.nn.Module": torch.nn.Module, "torch.nn.Parameter": torch.nn.Parameter, "torch.cuda": torch.cuda,
+        "torch.cuda.Event": torch.cuda.Event,
         "torch.testing": torch.testing, "torch.random": torch.random, "time": time, "math": math,
         "torch.backends.cudnn": torch.backends.cudnn, "torch.backends.cuda.matmul": torch.backends.cuda.matmul,
         "TorchDispatchMode": TorchDispatchMode,
@@ -337,9 +340,12 @@ _current_frames = sys._current_frames  # bound before any candidate code is impo
 class Integrity:
     """Snapshot of what the harness relies on; ``changes()`` lists what was replaced since."""
 
-    def __init__(self):
+    def __init__(self, instances: dict[str, object] | None = None):
         preload()
         self._objects = _watched()
+        # Objects of the harness's own (the runner): an attribute set on one shadows its class's method.
+        self._instances = dict(instances or {})
+        self._instance_keys = {name: set(vars(obj)) for name, obj in self._instances.items()}
         self._snapshot = {name: _identities(obj) for name, obj in self._objects.items()}
         self._flags = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
                        torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
@@ -352,7 +358,14 @@ class Integrity:
             before = self._snapshot[name]
             # Only replacements count: lazily imported submodules legitimately add attributes.
             replaced = sorted(k for k in before if k in now and now[k] != before[k] and not k.startswith("__"))
+            # A class's new attribute that hides one of a base class (torch.Tensor.to over TensorBase.to) is a replacement too.
+            if isinstance(obj, type):
+                replaced += sorted(k for k in now if k not in before and not k.startswith("__")
+                                   and any(k in vars(base) for base in obj.__mro__[1:]))
             found += [f"{name}.{key} was replaced" for key in replaced[:5]]
+        for name, obj in self._instances.items():
+            shadowing = sorted(k for k in vars(obj) if k not in self._instance_keys[name] and hasattr(type(obj), k))
+            found += [f"{name}.{key} was replaced" for key in shadowing[:5]]
         flags = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
                  torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
         if flags != self._flags:

@@ -123,7 +123,7 @@ class Runner:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             outputs = timing.flatten(out)
-            kinds = [type(t).__name__ for t in outputs if not timing.is_plain(t)]
+            kinds = [timing.describe(t) for t in outputs if not timing.is_plain(t)]
             saved = [t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor) else t for t in outputs]
             if kinds:
                 saved = None
@@ -219,7 +219,7 @@ class Runner:
         self.language = req["language"]
         self.launches = guards.KernelLaunchCounter()
         self.launches.install()
-        self.integrity = guards.Integrity()
+        self.integrity = guards.Integrity(instances={"the evaluator's runner": self})
         self.processes = guards.Processes() if self.pid_namespace else None
         # The trials' bench and the device record, made (the cover kernel compiled, the record
         # tried once) before any candidate code is imported.

@@ -37,7 +37,7 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
     # torch.utils.data.dataloader.threading, triton.knobs.subprocess, torch.fx.node.operator, ...): no import names them.
     (r"\.\s*(?:ctypes|_ctypes|gc|inspect|sys|builtins|importlib|io|_io|pickle|marshal|subprocess|threading|_thread|"
      r"multiprocessing|concurrent|traceback|socket|_socket|mmap|posix|fcntl|pty|resource|faulthandler|atexit|weakref|"
-     r"runpy|asyncio|operator|types|hmac|_hashlib|signal|mp|python_multiprocessing|reducer|np)\b(?!\s*\()",
+     r"runpy|asyncio|operator|types|hmac|_hashlib|signal|mp|python_multiprocessing|reducer|np|os)\b(?!\s*\()",
      "reaches a module that reaches around the harness through another module's attributes (torch.ctypes, "
      "torch.cuda.graphs.gc, ...)"),
     # The builtins, called or passed on as values (map(getattr, [torch], [name]): the name in a string no rule
@@ -70,15 +70,24 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
      "compiles code at run time (build C++/CUDA with utils/compile.sh, where kernels/ is checked)"),
     # Unpickling calls whatever the data names (getattr, sys._getframe, ...), and string annotations
     # are evaluated by typing: both run code whose names no rule here reads.
-    (r"\btorch\s*\.\s*(?:load|package|hub|serialization)\b|^[ \t]*from\s+torch\s+import\s+[^\n]*\b(?:load|package|hub|serialization)\b|"
+    (r"\btorch\s*\.\s*(?:load|save|package|hub|serialization)\b|^[ \t]*from\s+torch\s+import\s+[^\n]*\b(?:load|save|package|hub|serialization)\b|"
      r"\bweights_only\b|\b(?:pkgutil|cloudpickle|dill|shelve|joblib|copyreg|get_type_hints|ForwardRef|singledispatch\w*)\b",
      "loads objects or code from data (torch.load, torch.package, torch.hub, pickle's relatives, evaluated annotations)"),
 )
 _PYTHON_RULES += (
+    # sys and os are allowed for sys.path and os.path alone: as values under other names (`import sys as s`,
+    # `from typing import sys`, `s = sys`) they are the interpreter's modules and the process's environment.
+    (r"^(?![ \t]*import[ \t]+(?:sys|os)[ \t]*$)[^\n]*?(?<![\w.])(?:sys|os)\b(?![ \t]*\.[ \t]*path\b)",
+     "uses sys or os other than sys.path and os.path (`import sys` / `import os`, then `sys.path` / `os.path` only)"),
+    # The dispatch audit judges an operator by its name; a custom operator's body runs out of its sight.
+    (r"\btorch\s*\.\s*library\b|^[ \t]*from\s+torch\s+import\s+[^\n]*\blibrary\b|\bcustom_op\b|\btriton_op\b",
+     "defines torch operators of its own (torch.library): the audit cannot see inside them; call your kernels directly"),
+    # Python callables run element by element by torch's C++ loops, past the audit.
+    (r"\.\s*(?:map_|map2_|apply_)\b", "runs Python on tensor elements (Tensor.map_/map2_/apply_); compute in your own kernels"),
     # The run-time audit sees torch's operators; numpy's and Python's arithmetic on a tensor's data
     # (reached without importing numpy: x.numpy(), x.tolist()) it does not.
     (r"\.\s*(?:numpy|tolist)\b|\bfrom_numpy\b|\bdlpack\b|__(?:array\w*|dlpack\w*|cuda_array_interface)__|"
-     r"\b(?:untyped_storage|_typed_storage|storage)\b|\bmemoryview\b|\bfrombuffer\b",
+     r"\.\s*(?:untyped_storage|_typed_storage|storage)\b|\bmemoryview\b|\bfrombuffer\b",
      "reads tensor data into Python or numpy (x.numpy(), x.tolist(), storages, DLPack); compute in your own kernels"),
 )
 # Python checked with string literals kept: the interpreter's internals named in a string reach objects
@@ -91,14 +100,15 @@ _PYTHON_RAW_RULES: tuple[tuple[str, str], ...] = (
 _THREADS = ("starts threads or processes, or loads code at run time: work that runs on after forward returns is "
             "out of the timing's sight (parallelise with OpenMP: `#pragma omp parallel for`)")
 # With `using namespace std`, std::thread is `thread`: declared, constructed, listed or aliased by a macro.
-_BARE_THREADS = (r"(?<![\w:.>])(?:j?thread\s*(?:[({]|[A-Za-z_]\w*\s*[({;=])|async\s*\()|<\s*j?thread\s*>|"
+_BARE_THREADS = (r"(?<![\w:.>])(?:j?thread\b\s*(?:[({]|[A-Za-z_]\w*\s*[({;=])|async\s*\()|<\s*j?thread\s*>|"
                  r"^[ \t]*#[ \t]*define\b[^\n]*\b(?:j?thread|async)\b")
 # C++/CUDA: torch operators (compute), the dispatcher's state, threads, run-time loading.
 _NATIVE_RULES: tuple[tuple[str, str], ...] = (
     (r"DispatchModeTLS|PythonTLSSnapshot|TorchFunctionMode|ThreadLocalState|impl::tls_|DispatchKey|ExcludeDispatchKeyGuard|"
      r"IncludeDispatchKeyGuard|AutoDispatchBelow\w*|at::_ops::|at::native::|at::cpu::|at::cuda::(?!getCurrentCUDAStream|"
      r"getCurrentCUDABlasHandle|CUDAGuard|OptionalCUDAGuard|getDefaultCUDAStream|CUDAStream)|"
-     r"\bnamespace\s+\w+\s*=\s*(::)?(at|torch|c10)\b|##",
+     r"\bnamespace\s+\w+\s*=\s*(::)?(at|torch|c10)\b|##|\bDispatcher\b|\bredispatch\w*|\bfindSchema\w*|\bfindOp\b|"
+     r"\bkey_set\b|_keyset\b|\bOperatorHandle\b|\bcallBoxed\b|\bBoxedKernel\b|\bKernelFunction\b",
      "reaches past the dispatcher or into its thread-local state"),
     # Names of torch's own namespaces used unqualified (`using namespace at; cpu::add(x, y)`, code inside a
     # reopened `namespace at {`) are torch's functions under names no rule here reads.

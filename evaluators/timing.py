@@ -199,8 +199,25 @@ def is_sequence(value) -> bool:
 
 
 def is_plain(value) -> bool:
-    """A tensor with nothing of its own: ``torch.Tensor`` itself, or a module's ``Parameter`` returned as is."""
-    return type(value) in (torch.Tensor, torch.nn.Parameter)
+    """A tensor with nothing of its own: ``torch.Tensor`` itself, or a module's ``Parameter`` returned as
+    is, with no attribute set on it (one named like a method, ``out.to = ...``, would answer the
+    harness's own reads of the output with the candidate's code)."""
+    return type(value) in (torch.Tensor, torch.nn.Parameter) and not _instance_dict(value)
+
+
+def describe(value) -> str:
+    """What a non-plain output is, for the message."""
+    attributes = _instance_dict(value) if isinstance(value, torch.Tensor) else {}
+    if attributes and type(value) in (torch.Tensor, torch.nn.Parameter):
+        return f"a {type(value).__name__} with attributes set on it ({', '.join(sorted(attributes)[:3])})"
+    return type(value).__name__
+
+
+def _instance_dict(value) -> dict:
+    try:
+        return object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return {}
 
 
 def fingerprint(output, fp_seed: int) -> list[dict]:

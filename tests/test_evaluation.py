@@ -103,7 +103,7 @@ TRITON_VERIFY = [
     "view_of_input", "uninit", "stale_buffer", "patch_timers", "patch_torch_checks",
     "patch_rng", "thread_deferred", "thread_left_running", "thread_left_running_evasive", "loosen_tolerance",
     "exit_in_forward", "sys_exit_in_forward", "exit_at_import", "sys_exit_at_import", "huge_alloc",
-    "subclass_output",
+    "subclass_output", "parameter_detach_patched", "output_method_attribute", "tensor_methods_shadowed",
 ]
 CPP_VERIFY = [
     "honest", "joined_std_threads", "torch_ops", "torch_ops_direct", "torch_ops_direct_evasive", "torch_ops_hidden",
@@ -566,6 +566,17 @@ def test_a_native_worker_finishing_timed_outputs_late_is_rejected(jobs, monkeypa
     assert_rejected(jobs._evaluate("cpp", "persistent_worker", Mode.PROFILE), "returned a wrong result")
 
 
+@pytest.mark.parametrize(("name", "reason"), [
+    ("parameter_detach_patched", "attributes set on it"),
+    ("output_method_attribute", "attributes set on it"),
+    ("tensor_methods_shadowed", "torch.Tensor.reshape was replaced"),
+])
+def test_outputs_that_answer_the_harness_reads_with_their_own_code_are_rejected(jobs, name, reason):
+    """The harness reads an output through tensor methods (detach, to, reshape) after the audit and the
+    end mark: methods set on the output, or on torch's classes over their base class's, are refused."""
+    assert_rejected(jobs.verify("triton", name), reason)
+
+
 def _pair(jobs, name: str) -> EvalResult:
     return evaluate(make_job(jobs.snapshot("triton", name), "triton", Mode.VERIFY, task_code=PAIR_TASK_CODE),
                     baselines=jobs.baselines)
@@ -714,6 +725,16 @@ def past_rules(jobs, monkeypatch):
     attack's spelling before anything runs, are switched off (after every background job has ended)."""
     jobs.wait_all()
     monkeypatch.setattr(harness, "check_sources", lambda snapshot: [])
+
+
+@pytest.mark.parametrize(("name", "reason"), [
+    ("custom_op_named_like_aten", "kernels::clone"),
+    ("runner_instance_forged", "runner._audited_call was replaced"),
+    ("map2_elementwise", "handed to Python or numpy"),
+])
+def test_what_the_source_rules_refuse_is_also_seen_at_run_time(jobs, past_rules, name, reason):
+    assert check_sources(jobs.snapshot("triton", name))
+    assert_rejected(jobs._evaluate("triton", name, Mode.VERIFY), reason)
 
 
 def test_numpy_reached_without_an_import_is_seen_at_run_time(jobs, past_rules):

@@ -99,6 +99,8 @@ NATIVE_REFUSED = {
     "split-qualified-name": ("auto r = at::\n  cpu::add(x, y);", UNQUALIFIED),
     "using-declaration": ("using at::add; auto r = add(x, y);", "calls a torch operator"),
     "spaced-namespace": ("auto r = at :: cpu :: add(x, y);", "reaches past the dispatcher"),
+    "redispatch": ("auto r = op.redispatch(x.key_set() & c10::after_ADInplaceOrView_keyset, x, y, 1);", "reaches past the dispatcher"),
+    "dispatcher": ('auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::add", "Tensor");', "reaches past the dispatcher"),
 }
 
 NATIVE_ALLOWED = {
@@ -109,6 +111,7 @@ NATIVE_ALLOWED = {
     "names-in-comments-and-strings": '// never PyEval_GetFrame(), fopen() or a syscall here\n  TORCH_CHECK(true, "no py::exec");',
     "side-stream-joined": ("cudaEventRecord(done, side);\n  cudaStreamWaitEvent(at::cuda::getCurrentCUDAStream(), done, 0);"),
     "variable-named-thread": "using namespace std; int thread = 3; if (thread < 4) { thread += 1; }",
+    "threads-per-block": "using namespace std; int threads = 256; int threads_per_block = threads; __syncthreads();",
     "using-torch-tensor": "using torch::Tensor; Tensor copy = torch::empty_like(x);",
     "global-scope-call": "::memset(nullptr, 0, 0);",
     "digit-separators": "int64_t big = 1'000'000;",
@@ -169,14 +172,23 @@ PYTHON_REFUSED = {
     "storage": ("first = x.untyped_storage()[0]", "reads tensor data into Python or numpy"),
     "array-interface": ("view = x.__array__()", "reads tensor data into Python or numpy"),
     "numpy-through-triton": ("np = triton.runtime.interpreter.np", "through another module's attributes"),
+    "os-through-triton": ("o = triton.runtime.cache.os", "through another module's attributes"),
+    "sys-aliased": ("import sys as s", "uses sys or os other than sys.path"),
+    "sys-from-typing": ("from typing import sys as s", "uses sys or os other than sys.path"),
+    "sys-as-a-value": ("modules = [sys][0]", "uses sys or os other than sys.path"),
+    "custom-op": ("from torch.library import custom_op", "defines torch operators of its own"),
+    "map2": ("out.map2_(x, y, lambda _, a, b: max(a + b, 0.0))", "runs Python on tensor elements"),
+    "torch.save": ("torch.save(x, sink)", "loads objects or code from data"),
 }
 
 PYTHON_ALLOWED = {
     "os.path-and-reading": "HERE = os.path.dirname(__file__)\nSOURCE = Path(HERE, 'kernels', 'k.py').read_text()",
+    "sys.path": "sys.path.insert(0, os.path.dirname(__file__))",
     "sleep": "time.sleep(0)",
     "tensor-select": "row = x.select(0, 1)",
     "format-of-shapes": "label = '{0}x{1}'.format(*x.shape)",
     "module-eval": "self.eval()",
+    "variable-named-storage": "storage = torch.empty(16)",
     "side-stream-joined": "side.wait_stream(torch.cuda.current_stream())\ntorch.cuda.current_stream().wait_stream(side)",
 }
 
