@@ -101,12 +101,16 @@ def _reader(name: str, original):
     return read
 
 
-# Tensor methods that hand a tensor's data to Python or numpy through no ATen operator, so the dispatch
-# audit above sees nothing of them (numpy's arithmetic on the CPU device, whatever the spelling:
-# np.asarray(x) calls __array__; map_/apply_ run a Python callable on every element). Wrapped once, when this module is imported, before any candidate code.
-for _name in ("numpy", "tolist", "__array__", "__dlpack__", "map_", "map2_", "apply_"):
-    if hasattr(torch.Tensor, _name):
-        setattr(torch.Tensor, _name, _reader(_name, getattr(torch.Tensor, _name)))
+def watch_host_reads() -> None:
+    """Wrap the tensor methods that hand a tensor's data to Python or numpy through no ATen operator,
+    so the dispatch audit above sees nothing of them (numpy's arithmetic on the CPU device, whatever
+    the spelling: np.asarray(x) calls __array__; map_/apply_ run a Python callable on every element).
+    Called once in the candidate's process, before any candidate code (the integrity snapshot then
+    holds the wrappers); never in the harness's own process, whose torch stays as it is."""
+    for name in ("numpy", "tolist", "__array__", "__dlpack__", "map_", "map2_", "apply_"):
+        method = getattr(torch.Tensor, name, None)
+        if method is not None and not hasattr(method, "__wrapped__"):
+            setattr(torch.Tensor, name, _reader(name, method))
 
 
 def _handed_to_host(name: str, args, out) -> int:

@@ -219,6 +219,7 @@ class Runner:
         self.language = req["language"]
         self.launches = guards.KernelLaunchCounter()
         self.launches.install()
+        guards.watch_host_reads()
         self.integrity = guards.Integrity(instances={"the evaluator's runner": self})
         self.processes = guards.Processes() if self.pid_namespace else None
         # The trials' bench and the device record, made (the cover kernel compiled, the record
