@@ -133,8 +133,7 @@ class Runner:
                 isinstance(a, torch.Tensor) and (a.shape != b.shape or not torch.equal(a.nan_to_num(), b.nan_to_num()))
                 for a, b in zip(inputs, pristine)
             )
-            reports.append({"mutated_inputs": mutated, "non_tensor_outputs": kinds,
-                            "empty_output": not kinds and all(t.numel() == 0 for t in outputs), **extra})
+            reports.append({"mutated_inputs": mutated, "non_tensor_outputs": kinds, **extra})
             del out, outputs, inputs, pristine
         return reports
 
