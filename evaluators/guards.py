@@ -129,25 +129,17 @@ def _handed_to_host(name: str, args, out) -> int:
     return 0
 
 
-#: How far past its end mark an audited call's work may seem to run and still be honest: the mark
-#: comes from CUDA events (0.26 us steps) anchored at the end of the cover kernel, and honest calls
-#: (everything on the current stream, or side streams joined back) read at most +1.0 us on an H100
-#: (240 calls), against +4 to +63 us for a kernel left on a side stream.
+#: How far past its end mark an audited call's work may seem to run and still be honest. Both
+#: ends are the record's own (the work's end, the end-mark kernel's start): work ordered before
+#: the end mark ends before that kernel starts, so an honest call reads at most zero; the
+#: allowance is for the record's resolution.
 LATE_WORK_TOLERANCE_US = 2.0
-#: The record's clock and the events' drift apart (an honest call that spent ~1 s compiling its
-#: kernels read +8.4 us on an H100): the tolerance grows by this share of the call's length.
-RECORD_CLOCK_DRIFT = 1e-4
 #: How long before the start mark an audited call's work may seem to begin. Both ends are the
 #: record's own (the cover's end, the work's start), and work ordered after the start mark cannot
 #: begin before the cover has ended; but the cover's blocks free their SMs a few microseconds
 #: before the kernel counts as ended and the start mark is reached, and a kernel on a stream that
 #: does not wait for the current one takes them at once (on an H100, most of a 6 us kernel ran so).
 EARLY_WORK_TOLERANCE_US = 0.5
-
-
-def late_work_tolerance_us(call_ms: float) -> float:
-    """How far past its end mark an audited call of ``call_ms`` may seem to run and still be honest."""
-    return LATE_WORK_TOLERANCE_US + RECORD_CLOCK_DRIFT * call_ms * 1e3
 
 
 class DeviceRecord:
@@ -160,16 +152,18 @@ class DeviceRecord:
     before forward returns) can run before the start mark, beside the tail of the launch cover,
     or after the end mark, where the timing sees it only through the host's clock and not below
     a few microseconds. The record sees it exactly. It places the call's marks on its own clock
-    by the launch cover, the harness's kernel that runs right before the start mark: the start
-    mark is reached as the cover ends, and the end mark lies ``end - start`` (the events' own
-    reading) after that. ``outside`` then says how long the device ran anything of the call
-    before the one and after the other.
+    by two kernels of the harness on the default stream: the launch cover, which ends as the
+    start mark is reached, and the end-mark kernel, launched right after the end mark, which
+    starts once it is reached. Both ends are read on the record's clock, so they hold when the
+    device is shared with other processes (whose work can run between the cover and the start
+    mark, or between the end mark and the kernel after it). ``outside`` then says how long the
+    device ran anything of the call before the one and after the other.
 
     On devices without it (the CPU, a torch without Kineto's CUDA support) ``available`` is False
     and the record reads nothing."""
 
-    def __init__(self, device: torch.device, anchor: str):
-        self.anchor = anchor
+    def __init__(self, device: torch.device, start_kernel: str, end_kernel: str):
+        self.anchors = (start_kernel, end_kernel)
         self.available = device.type == "cuda" and _kineto_cuda()
         self.records: list[tuple[str, int, int]] = []
 
@@ -199,37 +193,38 @@ class DeviceRecord:
             events = _disable_profiler().events()
             self.records = [(e.name(), e.start_ns(), e.end_ns()) for e in events if e.device_type() != _CPU]
 
-    def outside(self, call_ms: float) -> dict:
-        """What the record says of the call whose marks are ``call_ms`` apart (the events' reading):
-        ``early_work_us`` / ``late_work_us``, how long the device ran work of the call before its
-        start mark / after its end mark (None where there is no record, or nothing ran);
-        ``cover_kernels``, how many kernels bore the cover's name (one, the harness's, unless the
-        code under test named one of its own so); and ``call_ms`` itself (the tolerance for late
-        work grows with it)."""
+    def outside(self) -> dict:
+        """What the record says of the audited call: ``early_work_us`` / ``late_work_us``, how long
+        the device ran work of the call before its start mark / after its end mark (None where
+        there is no record, or nothing ran); ``anchor_kernels``, how many kernels bore the names of
+        the harness's two (two, unless the code under test named one of its own so)."""
         if not self.available:
-            return {"early_work_us": None, "late_work_us": None, "cover_kernels": None}
-        early_ns, late_ns, covers = outside_the_call_ns(self.records, self.anchor, call_ms * 1e6)
+            return {"early_work_us": None, "late_work_us": None, "anchor_kernels": None}
+        early_ns, late_ns, named = outside_the_call_ns(self.records, *self.anchors)
         return {"early_work_us": None if early_ns is None else early_ns / 1e3,
-                "late_work_us": None if late_ns is None else late_ns / 1e3, "cover_kernels": covers, "call_ms": call_ms}
+                "late_work_us": None if late_ns is None else late_ns / 1e3, "anchor_kernels": named}
 
 
-def outside_the_call_ns(records: list[tuple[str, int, int]], anchor: str, call_ns: float) -> tuple[float | None, float | None, int]:
+def outside_the_call_ns(records: list[tuple[str, int, int]], start_kernel: str, end_kernel: str) -> tuple[float | None, float | None, int]:
     """(How long before the start mark the call's first record began, and how long after the end
-    mark its last one ended, in ns, or None; how many records are named ``anchor``.)
+    mark its last one ended, in ns, or None; how many records bear either kernel's name.)
 
-    ``records`` are (name, start_ns, end_ns) on the device's clock. The one record named ``anchor``
-    is the launch cover: the start mark is its end, the end mark ``call_ns`` later, and the call's
-    records are those that end after it starts (what the harness ran before it, the cache flush,
-    had ended when it was launched). With no such record, or more than one, the marks cannot be
-    placed."""
-    anchors = [r for r in records if r[0] == anchor]
-    if len(anchors) != 1:
-        return None, None, len(anchors)
-    _, cover_start, cover_end = anchors[0]
-    call = [(start, end) for name, start, end in records if name != anchor and end > cover_start]
+    ``records`` are (name, start_ns, end_ns) on the device's clock. The one record named
+    ``start_kernel`` is the launch cover: the start mark is its end. The one named ``end_kernel``
+    ran right after the end mark: the end mark is its start. The call's records are the others
+    that end after the cover starts (what the harness ran before it, the cache flush, had ended
+    when it was launched). With either kernel missing, or more than one of a name, the marks
+    cannot be placed."""
+    starts = [r for r in records if r[0] == start_kernel]
+    ends = [r for r in records if r[0] == end_kernel]
+    named = len(starts) + len(ends)
+    if len(starts) != 1 or len(ends) != 1:
+        return None, None, named
+    (_, cover_start, cover_end), (_, end_mark, _) = starts[0], ends[0]
+    call = [(start, end) for name, start, end in records if name not in (start_kernel, end_kernel) and end > cover_start]
     if not call:
-        return None, None, 1
-    return cover_end - min(start for start, _ in call), max(end for _, end in call) - (cover_end + call_ns), 1
+        return None, None, named
+    return cover_end - min(start for start, _ in call), max(end for _, end in call) - end_mark, named
 
 
 def _kineto_cuda() -> bool:

@@ -26,13 +26,13 @@ import torch
 
 from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.compare import compare_outputs
-from kernel_env.evaluators.guards import EARLY_WORK_TOLERANCE_US, late_work_tolerance_us
+from kernel_env.evaluators.guards import EARLY_WORK_TOLERANCE_US, LATE_WORK_TOLERANCE_US
 from kernel_env.evaluators.isolation import Child, ChildError, Spares, warm_children
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode, Timing, TrialReport
 from kernel_env.evaluators.reward import reward as compute_reward
 from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.evaluators.static_rules import check_sources
-from kernel_env.evaluators.timing import COVER_KERNEL, fingerprints_match
+from kernel_env.evaluators.timing import COVER_KERNEL, END_KERNEL, fingerprints_match
 from kernel_env.languages import get_language
 
 log = logging.getLogger(__name__)
@@ -346,14 +346,14 @@ class _Evaluation:
                 result.violations.append(_PROCESSES_MESSAGE.format(when=f"running{suffix or ' (trials)'}", pids=", ".join(found["processes"][:5])))
             if self.language.name == "triton" and found.get("triton_launches", 0) == 0 and not found.get("empty_output"):
                 result.violations.append(f"ModelNew.forward launched no Triton kernel{suffix}; compute must happen in Triton kernels")
-            if (found.get("cover_kernels") or 0) > 1:
-                result.violations.append(f"ModelNew ran a kernel named like the evaluator's launch cover{suffix} "
-                                         f"({COVER_KERNEL}); rename it")
+            if (found.get("anchor_kernels") or 0) > 2:
+                result.violations.append(f"ModelNew ran a kernel named like one of the evaluator's{suffix} "
+                                         f"({COVER_KERNEL} or {END_KERNEL}); rename it")
             early, late = found.get("early_work_us"), found.get("late_work_us")
             outside = []
             if early is not None and early > EARLY_WORK_TOLERANCE_US:
                 outside.append(f"{early:.1f} us before its call began")
-            if late is not None and late > late_work_tolerance_us(float(found.get("call_ms") or 0.0)):
+            if late is not None and late > LATE_WORK_TOLERANCE_US:
                 outside.append(f"{late:.1f} us after it returned")
             if outside and not any("on a stream not ordered" in v for v in result.violations):  # once, for the first call seen
                 result.violations.append(

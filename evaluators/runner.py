@@ -224,7 +224,7 @@ class Runner:
         # The trials' bench and the device record, made (the cover kernel compiled, the record
         # tried once) before any candidate code is imported.
         self.bench = timing.Bench(self.device, launch_cover_us=req.get("launch_cover_us", 0.0))
-        self.record = guards.DeviceRecord(self.device, timing.COVER_KERNEL)
+        self.record = guards.DeviceRecord(self.device, timing.COVER_KERNEL, timing.END_KERNEL)
         record_problem = self.record.probe() if self.device.type == "cuda" else None
         sys.path.insert(0, str(snapshot))
         sys.path.insert(0, str(snapshot / "build"))
@@ -274,14 +274,15 @@ class Runner:
         bench.marks.use_default_stream()
         with self.record:
             bench.ready(audited=True)
-            start = bench.marks.mark()
+            bench.marks.mark()
             with audit:
                 out = self.model(*inputs)
-            end = bench.marks.mark()
+            bench.marks.mark()
+            bench.audited_end()
             bench.marks.sync()
         return out, {"torch_ops": audit.forbidden, "triton_launches": self.launches.launches - before,
                      "empty_output": all(isinstance(t, torch.Tensor) and t.numel() == 0 for t in timing.flatten(out)),
-                     "processes": self._new_processes(), **self.record.outside(bench.marks.elapsed_ms(start, end))}
+                     "processes": self._new_processes(), **self.record.outside()}
 
     def _new_processes(self) -> list[str]:
         return self.processes.new() if self.processes is not None else []

@@ -75,8 +75,10 @@ _TAIL_SLACK_MS = 3e-3
 # candidate, so the cover's blocks hold every SM before anything of the call can be launched.
 _COVER_SETTLE_NS = 30_000
 _COVER_WARPS = 16  # 512 threads a block: several blocks fill an SM's thread slots exactly
-#: The cover kernel's name, by which the device record (guards.DeviceRecord) places a call's marks on its clock.
+#: The cover kernel's name, by which the device record (guards.DeviceRecord) places an audited call's start on its clock.
 COVER_KERNEL = "kernel_env_launch_cover"
+#: The kernel an audited call's end mark is followed by on the default stream: the record places the end by it.
+END_KERNEL = "kernel_env_end_mark"
 #: The launch cover of an audited call (microseconds, at least): see Bench.
 AUDIT_COVER_US = 1000.0
 
@@ -95,6 +97,10 @@ if triton is not None:
         now = _globaltimer()
         while now < deadline:
             now = _globaltimer()
+
+    @triton.jit
+    def kernel_env_end_mark(deadline_ptr):  # the name is END_KERNEL: the device record finds it by it
+        pass
 
 
 class _Marks:
@@ -161,6 +167,7 @@ class LaunchCover:
         per_block = _COVER_WARPS * 32
         self.deadline = torch.zeros(1, dtype=torch.int64, device=device)
         kernel = kernel_env_launch_cover[(1,)](self.deadline, 0, num_warps=_COVER_WARPS)  # compiles and loads it; no wait
+        kernel_env_end_mark[(1,)](self.deadline)  # likewise
         _cuda_synchronize(device)
         registers = int(getattr(kernel, "n_regs", 0) or 0) * threads
         if threads % per_block == 0 and registers <= getattr(props, "regs_per_multiprocessor", 65536):
@@ -175,6 +182,12 @@ class LaunchCover:
             settle = _perf_counter_ns() + _COVER_SETTLE_NS
             while _perf_counter_ns() < settle:
                 pass
+
+    def end_mark(self) -> None:
+        """Launch the end-mark kernel on the current stream (the default one, after an audited
+        call's end mark): the device record places the call's end where it starts."""
+        if self.grid:
+            kernel_env_end_mark[(1,)](self.deadline)
 
 
 def flatten(value) -> list:
@@ -301,6 +314,12 @@ class Bench:
         self.flush.zero_()
         self.marks.sync()
         self.cover(max(self.cover.duration_ns / 1e3, AUDIT_COVER_US) if audited else None)
+
+    def audited_end(self) -> None:
+        """After an audited call's end mark: the end-mark kernel on the default stream (the call
+        may have left another stream current), which the device record places the call's end by."""
+        self.marks.use_default_stream()
+        self.cover.end_mark()
 
 
 def time_calls(

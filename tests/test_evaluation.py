@@ -421,15 +421,14 @@ def _audit_verdict(tmp_path, found: dict) -> list[str]:
 
 
 @pytest.mark.parametrize(("found", "violation"), [
-    ({"early_work_us": -1.0, "late_work_us": 6.2, "cover_kernels": 1, "call_ms": 0.01},
+    ({"early_work_us": -1.0, "late_work_us": 6.2, "anchor_kernels": 2},
      "ran work on the device 6.2 us after it returned (during timing)"),
-    ({"early_work_us": 4.9, "late_work_us": 1.1, "cover_kernels": 1, "call_ms": 0.01},
+    ({"early_work_us": 4.9, "late_work_us": 1.1, "anchor_kernels": 2},
      "ran work on the device 4.9 us before its call began (during timing)"),   # beside the cover's tail
-    ({"early_work_us": -0.2, "late_work_us": 0.5, "cover_kernels": 1, "call_ms": 0.01}, None),  # within the record's resolution
-    ({"early_work_us": -3.0, "late_work_us": -40.0, "cover_kernels": 1, "call_ms": 0.05}, None),  # all between the marks
-    ({"early_work_us": -2.0, "late_work_us": 8.4, "cover_kernels": 1, "call_ms": 1200.0}, None),  # a second compiling: the clocks drifted
-    ({"early_work_us": None, "late_work_us": None, "cover_kernels": None}, None),  # no device record (CPU)
-    ({"early_work_us": None, "late_work_us": None, "cover_kernels": 2}, "named like the evaluator's launch cover"),
+    ({"early_work_us": -0.2, "late_work_us": 0.5, "anchor_kernels": 2}, None),  # within the record's resolution
+    ({"early_work_us": -3.0, "late_work_us": -40.0, "anchor_kernels": 2}, None),  # all between the marks
+    ({"early_work_us": None, "late_work_us": None, "anchor_kernels": None}, None),  # no device record (CPU)
+    ({"early_work_us": None, "late_work_us": None, "anchor_kernels": 3}, "named like one of the evaluator's"),
 ])
 def test_the_device_record_of_an_audited_call_decides_on_work_outside_its_marks(tmp_path, found, violation):
     violations = _audit_verdict(tmp_path, found)

@@ -126,6 +126,8 @@ def test_the_launch_cover_compiles_for_hopper_and_ends_every_block_at_one_deadli
     swap, barrier, read = ptx.index("atom.global.acq_rel.gpu.cas.b64"), ptx.index("bar.sync"), ptx.index("ld.volatile.global.b64")
     assert swap < barrier < read
     assert ptx.count("%globaltimer") >= 2
+    end_mark = ASTSource(fn=timing.kernel_env_end_mark, signature={"deadline_ptr": "*i64"}, constexprs={})
+    assert timing.END_KERNEL in triton.compile(end_mark, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 
 
 def test_time_calls_reports_what_each_timing_is_made_of():
@@ -157,20 +159,28 @@ def test_audited_calls_get_the_bench_at_their_secret_positions_on_inputs_of_thei
     assert not set(seen) & set(timed)  # fresh inputs, not a repeat of a timed call's
 
 
-def test_work_outside_the_call_is_read_against_the_marks_placed_by_the_cover():
+def test_work_outside_the_call_is_read_against_the_marks_placed_by_the_harness_kernels():
     from kernel_env.evaluators.guards import outside_the_call_ns
 
-    cover = ("kernel_env_launch_cover", 0, 200_000)  # the start mark is reached as it ends
-    flush = ("flush", -90_000, -10_000)              # the harness's, before the cover: not the call's
-    honest = [flush, cover, ("relu", 201_000, 209_000)]
-    assert outside_the_call_ns(honest, cover[0], call_ns=9_000) == (-1_000, 0, 1)      # inside both marks
-    joined = [cover, ("relu on a joined stream", 205_000, 260_000)]
-    assert outside_the_call_ns(joined, cover[0], call_ns=61_000)[1] < 0                 # the end mark waited for the join
-    unjoined = [cover, ("relu on a side stream", 201_000, 209_000)]
-    assert outside_the_call_ns(unjoined, cover[0], call_ns=500) == (-1_000, 8_500, 1)  # 8.5 us after the end mark
-    beside_the_tail = [cover, ("relu on a stream that does not wait", 195_000, 201_000)]
-    assert outside_the_call_ns(beside_the_tail, cover[0], call_ns=500)[0] == 5_000     # 5 us before the start mark
-    assert outside_the_call_ns([flush, cover], cover[0], call_ns=500) == (None, None, 1)  # nothing of the call ran
-    # Without the cover, or with a second kernel of its name, the marks cannot be placed.
-    assert outside_the_call_ns([("relu", 0, 10)], cover[0], call_ns=5) == (None, None, 0)
-    assert outside_the_call_ns([cover, (cover[0], 201_000, 400_000)], cover[0], call_ns=500) == (None, None, 2)
+    names = ("kernel_env_launch_cover", "kernel_env_end_mark")
+    cover = (names[0], 0, 200_000)                  # the start mark is reached as it ends
+    flush = ("flush", -90_000, -10_000)             # the harness's, before the cover: not the call's
+    honest = [flush, cover, ("relu", 201_000, 209_000), (names[1], 210_000, 210_500)]
+    assert outside_the_call_ns(honest, *names) == (-1_000, -1_000, 2)      # inside both marks
+    joined = [cover, ("relu on a joined stream", 205_000, 260_000), (names[1], 261_000, 261_500)]
+    assert outside_the_call_ns(joined, *names)[1] < 0                      # the end mark waited for the join
+    unjoined = [cover, (names[1], 201_000, 201_500), ("relu on a side stream", 201_000, 209_000)]
+    assert outside_the_call_ns(unjoined, *names) == (-1_000, 8_000, 2)     # 8 us after the end mark
+    beside_the_tail = [cover, ("relu on a stream that does not wait", 195_000, 201_000), (names[1], 201_000, 201_500)]
+    assert outside_the_call_ns(beside_the_tail, *names)[0] == 5_000        # 5 us before the start mark
+    # The device shared with another process: its work ran between the cover and the start mark
+    # and between the end mark and the kernel after it; the call's own work is still inside.
+    time_sliced = [cover, ("relu", 1_400_000, 1_409_000), (names[1], 2_600_000, 2_600_500)]
+    assert outside_the_call_ns(time_sliced, *names) == (-1_200_000, -1_191_000, 2)
+    assert outside_the_call_ns([flush, cover, (names[1], 201_000, 201_500)], *names) == (None, None, 2)  # nothing of the call ran
+    # Without either kernel, or with a second one of a name, the marks cannot be placed.
+    assert outside_the_call_ns([("relu", 0, 10)], *names) == (None, None, 0)
+    assert outside_the_call_ns([cover, ("relu", 201_000, 209_000)], *names) == (None, None, 1)
+    assert outside_the_call_ns([cover, (names[1], 201_000, 400_000), (names[1], 500_000, 500_100)], *names) == (None, None, 3)
+
+

@@ -85,21 +85,33 @@ def test_a_side_stream_joined_back_is_honest_and_timed_whole(pool, tmp_path):
     assert joined.runtime_ms >= 0.8 * fused.runtime_ms, (joined.runtime_ms, fused.runtime_ms)
 
 
-def test_the_device_record_places_the_marks_and_sees_every_stream():
-    """In-process, at 1M elements (a ~6 us kernel, the hardest case): an honest call, on the current
-    stream or on a side stream ordered both ways, never reads past the tolerances; the same kernel on
-    a side stream ordered neither way (it starts beside the cover's tail and outlasts the end mark)
-    does in (nearly) every audited call."""
-    import triton
+def _audited_outside(bench, record, fn) -> float:
+    """How far outside its marks, beyond the tolerances, one audited call of ``fn`` ran work
+    (negative: within them), placed as the runner places them."""
+    from kernel_env.evaluators.guards import EARLY_WORK_TOLERANCE_US, LATE_WORK_TOLERANCE_US
 
-    from kernel_env.evaluators.guards import EARLY_WORK_TOLERANCE_US, DeviceRecord, late_work_tolerance_us
-    from kernel_env.evaluators.timing import COVER_KERNEL, Bench
+    bench.marks.use_default_stream()
+    with record:
+        bench.ready(audited=True)
+        bench.marks.mark()
+        fn()
+        bench.marks.mark()
+        bench.audited_end()
+        bench.marks.sync()
+    found = record.outside()
+    assert found["anchor_kernels"] == 2, found
+    return max(found["early_work_us"] - EARLY_WORK_TOLERANCE_US, found["late_work_us"] - LATE_WORK_TOLERANCE_US)
+
+
+def _relu_add_calls(n: int):
+    """(current, joined, left_running): the fused relu(x + y) kernel on the current stream, on a side
+    stream ordered both ways, and on a side stream ordered neither way."""
+    import triton
 
     spec = importlib.util.spec_from_file_location("fused", SOLUTIONS / "turn4_fused.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # Triton needs the kernel's source file
     kernel = module.kernel
-    n = 1 << 20
     x, y = torch.randn(n, device="cuda:0"), torch.randn(n, device="cuda:0")
     side = torch.cuda.Stream()
 
@@ -124,35 +136,77 @@ def test_the_device_record_places_the_marks_and_sees_every_stream():
             launch(out)
         return out
 
-    bench = Bench(torch.device("cuda:0"), launch_cover_us=200)
-    record = DeviceRecord(torch.device("cuda:0"), COVER_KERNEL)
-    assert record.probe() is None
-
-    def slow_host_then_current():  # a call that spends a second on the host first (a kernel compiling, say)
-        import time
-
-        time.sleep(1.0)
-        return current()
-
-    def outside(fn) -> float:
-        """How far outside its marks, beyond the tolerances, the call's work ran (negative: within them)."""
-        bench.marks.use_default_stream()
-        with record:
-            bench.ready(audited=True)
-            start = bench.marks.mark()
-            fn()
-            end = bench.marks.mark()
-            bench.marks.sync()
-        found = record.outside(bench.marks.elapsed_ms(start, end))
-        assert found["cover_kernels"] == 1, found
-        return max(found["early_work_us"] - EARLY_WORK_TOLERANCE_US, found["late_work_us"] - late_work_tolerance_us(found["call_ms"]))
-
     for fn in (current, joined, left_running):
         fn()
     torch.cuda.synchronize()
-    honest = [outside(current) for _ in range(30)] + [outside(joined) for _ in range(30)]
-    honest += [outside(slow_host_then_current) for _ in range(3)]
-    caught = [outside(left_running) for _ in range(30)]
+    return current, joined, left_running
+
+
+def test_the_device_record_places_the_marks_and_sees_every_stream():
+    """In-process, at 1M elements (a ~6 us kernel, the hardest case): an honest call, on the current
+    stream or on a side stream ordered both ways, never reads past the tolerances; the same kernel on
+    a side stream ordered neither way (it starts beside the cover's tail and outlasts the end mark)
+    does in (nearly) every audited call."""
+    import time
+
+    from kernel_env.evaluators.guards import DeviceRecord
+    from kernel_env.evaluators.timing import COVER_KERNEL, END_KERNEL, Bench
+
+    current, joined, left_running = _relu_add_calls(1 << 20)
+    bench = Bench(torch.device("cuda:0"), launch_cover_us=200)
+    record = DeviceRecord(torch.device("cuda:0"), COVER_KERNEL, END_KERNEL)
+    assert record.probe() is None
+
+    def slow_host_then_current():  # a call that spends a second on the host first (a kernel compiling, say)
+        time.sleep(1.0)
+        return current()
+
+    honest = [_audited_outside(bench, record, current) for _ in range(30)]
+    honest += [_audited_outside(bench, record, joined) for _ in range(30)]
+    honest += [_audited_outside(bench, record, slow_host_then_current) for _ in range(3)]
+    caught = [_audited_outside(bench, record, left_running) for _ in range(30)]
+    assert max(honest) <= 0, sorted(honest)[-5:]
+    assert sum(value > 0 for value in caught) >= 27, sorted(caught)
+
+
+_BUSY_NEIGHBOUR = """
+import sys, time, torch
+a = torch.randn(4096, 4096, device="cuda:0")
+print("ready", flush=True)
+until = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < until:
+    for _ in range(20):
+        a = torch.tanh(a @ a * 1e-3)
+    torch.cuda.synchronize()
+"""
+
+
+def test_an_honest_audited_call_on_a_device_shared_with_another_process_is_not_a_violation():
+    """Jobs share a GPU for their untimed steps, the audited trials among them: another process's
+    kernels are time-sliced with the call's, and can run between the cover and the start mark or
+    between the end mark and the kernel after it. An H100 pool running 128 episodes at 4 jobs per
+    GPU judged 6-9 of them wrong so ("ran work on the device 187-2673 us after it returned") while
+    the end was placed by the events' reading from the cover's end. Both ends on the record's own
+    clock hold; work left running on a side stream is still seen."""
+    import subprocess
+    import sys
+
+    from kernel_env.evaluators.guards import DeviceRecord
+    from kernel_env.evaluators.timing import COVER_KERNEL, END_KERNEL, Bench
+
+    current, joined, left_running = _relu_add_calls(1 << 20)
+    bench = Bench(torch.device("cuda:0"), launch_cover_us=200)
+    record = DeviceRecord(torch.device("cuda:0"), COVER_KERNEL, END_KERNEL)
+    assert record.probe() is None
+    neighbour = subprocess.Popen([sys.executable, "-c", _BUSY_NEIGHBOUR, "60"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert neighbour.stdout.readline().strip() == "ready"
+        honest = [_audited_outside(bench, record, fn) for _ in range(40) for fn in (current, joined)]
+        caught = [_audited_outside(bench, record, left_running) for _ in range(30)]
+        assert neighbour.poll() is None, "the neighbour ended before the calls did"
+    finally:
+        neighbour.kill()
+        neighbour.wait()
     assert max(honest) <= 0, sorted(honest)[-5:]
     assert sum(value > 0 for value in caught) >= 27, sorted(caught)
 
