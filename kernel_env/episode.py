@@ -7,7 +7,10 @@ compile/verify/profile commands and the final trusted evaluation are the same ev
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import resource
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +46,18 @@ def check_device(language: Language, device: str) -> None:
         raise EpisodeError(f"{language.name} kernels need a CUDA GPU; use --language cpp or triton to work on the CPU")
     if device == "cuda" and not visible_gpus():
         raise EpisodeError("no CUDA GPU is visible on this machine; use --device cpu with --language cpp or triton")
+
+
+@functools.cache
+def allow_many_open_files() -> None:
+    """Raise this process's soft limit on open files to its hard limit, once: an open episode
+    holds several descriptors here (its sandbox's pipes and pidfd, the broker's socket), and a
+    driver with hundreds of episodes passes the usual soft limit of 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def score(result: EvalResult) -> tuple[float, float, float]:
@@ -82,6 +97,7 @@ class Episode:
         lang = get_language(language)
         device = device or default_device()
         check_device(lang, device)
+        allow_many_open_files()
         workspace = Workspace.create(task, lang, root=root)
         broker = Broker(pool or default_pool(), device=device, settings=settings)
         try:

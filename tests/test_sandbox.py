@@ -283,6 +283,36 @@ def test_a_link_planted_in_the_state_folder_is_replaced_not_followed_on_restart(
 # ----------------------------------------------------------------------------- resource attacks
 
 
+def test_a_driver_holding_more_than_1024_files_still_runs_and_closes_sandboxes(make_sandbox):
+    """A driver with hundreds of episodes holds descriptors numbered past 1024, where select()
+    refuses them: 256 episodes on an H100 failed to close their sandboxes so. The sandbox code
+    waits with poll, and Episode.open raises the soft limit on open files to the hard one."""
+    import resource
+
+    from kernel_env.episode import allow_many_open_files
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+        allow_many_open_files.cache_clear()
+        allow_many_open_files()
+        raised = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if hard != resource.RLIM_INFINITY and hard <= 1100:
+            pytest.skip(f"this host's hard limit on open files is {hard}")
+        assert raised == (hard if hard != resource.RLIM_INFINITY else 1 << 20), (raised, hard)
+        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+        try:
+            box = make_sandbox()
+            assert box.exec("echo hi").output.strip() == "hi"
+            box.close()  # waits for its processes to end: past fd 1024 too
+        finally:
+            for fd in held:
+                os.close(fd)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        allow_many_open_files.cache_clear()
+
+
 def test_a_fork_bomb_is_contained_and_the_session_survives(make_sandbox, backend):
     reason = process_limit_skip_reason(backend)
     if reason:

@@ -10,10 +10,19 @@ outside the workspace. Backends differ only in how they start and stop that serv
 
 from __future__ import annotations
 
+import select
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from kernel_env.workspace import Workspace
+
+
+def readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` becomes readable within ``timeout`` seconds. poll, not select: a driver with
+    hundreds of episodes open holds file descriptors past select's limit of 1024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout) * 1000))
 
 
 class SandboxError(RuntimeError):

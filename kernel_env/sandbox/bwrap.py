@@ -13,7 +13,6 @@ import contextlib
 import functools
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -21,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from kernel_env.sandbox.base import readable
 
 SANDBOX_UID = 1000
 # /etc files the toolchain needs; the rest of /etc (keys, shadow, credentials) stays out.
@@ -181,7 +182,7 @@ class PidNamespace:
         try:
             while True:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                if remaining <= 0 or not readable(fd, remaining):
                     break
                 chunk = os.read(fd, 4096)
                 if not chunk:
@@ -251,7 +252,7 @@ class PidNamespace:
             signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
         except ProcessLookupError:  # already exited
             pass
-        emptied = bool(select.select([self._pidfd], [], [], timeout)[0])
+        emptied = readable(self._pidfd, timeout)
         os.close(self._pidfd)
         self._pidfd = None
         return emptied

@@ -18,7 +18,6 @@ import base64
 import json
 import logging
 import os
-import selectors
 import subprocess
 import threading
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kernel_env import headers
-from kernel_env.sandbox.base import BackgroundJob, ExecResult, FileInfo, SandboxError
+from kernel_env.sandbox.base import BackgroundJob, ExecResult, FileInfo, SandboxError, readable
 from kernel_env.sandbox.bwrap import python_executable
 from kernel_env.workspace import PROTECTED, Workspace
 
@@ -111,10 +110,8 @@ class PipeChannel:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            with selectors.DefaultSelector() as sel:
-                sel.register(fd, selectors.EVENT_READ)
-                if not sel.select(remaining):
-                    raise TimeoutError
+            if not readable(fd, remaining):
+                raise TimeoutError
             chunk = os.read(fd, 1 << 20)
             if not chunk:
                 raise EOFError

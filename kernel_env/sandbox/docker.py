@@ -25,7 +25,6 @@ import hashlib
 import io
 import logging
 import os
-import select
 import shutil
 import socket
 import sys
@@ -35,7 +34,7 @@ import time
 from pathlib import Path
 
 from kernel_env.headers import SANDBOX_HEADERS, host_folder
-from kernel_env.sandbox.base import SandboxError
+from kernel_env.sandbox.base import SandboxError, readable
 from kernel_env.sandbox.bwrap import (
     SANDBOX_UID, etc_files, identity_files, python_executable, python_prefixes, toolchain_tops, write_new_file,
 )
@@ -284,12 +283,12 @@ class AttachChannel:
             if self._eof:
                 raise EOFError
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self._sock], [], [], remaining)[0]:
+            if remaining <= 0 or not readable(self._sock.fileno(), remaining):
                 raise TimeoutError
             self._pump()
 
     def alive(self) -> bool:
-        while not self._eof and select.select([self._sock], [], [], 0)[0]:
+        while not self._eof and readable(self._sock.fileno(), 0):
             self._pump()
         return not self._eof
 
