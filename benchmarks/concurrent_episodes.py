@@ -117,7 +117,10 @@ async def episode(index: int, pool: kernel_env.pool.GpuPool | None = None) -> Ep
         times.evaluation_s = env.final.duration_s if env.final is not None else 0.0
         times.runtime_ms = info["final"].get("runtime_ms")
         times.speedup_vs_compile = info["final"].get("speedup_vs_compile")
-        if info["final"]["error"]:
+        if not times.correct and env.final is not None:  # why, in full: an honest kernel judged wrong is a bug
+            times.error = " | ".join(filter(None, [env.final.error, *env.final.violations,
+                                                   *(t.message for t in env.final.trials if not t.correct)]))[:1000] or "incorrect"
+        elif info["final"]["error"]:
             times.error = info["final"]["error"][:300]
     except Exception as exc:  # noqa: BLE001 - counted and shown
         times.error = f"{type(exc).__name__}: {exc}"[:300]

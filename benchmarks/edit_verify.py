@@ -7,7 +7,10 @@ edit of the kernel file (a comment line: the compilers still redo their work):
 - ours: the sources land in an episode's workspace, `bash utils/compile.sh` builds them in the
   sandbox (ninja: only what changed; the torch headers precompiled), then the broker evaluates the workspace in the pool:
   `verify` (the 5 correctness trials) and `profile` (correctness, then the timed calls, eager
-  from the baseline cache as in an RL run);
+  from the baseline cache as in an RL run); then `--round-trips` more verifies of the same build
+  as the agent asks for them (`python3 -m utils.verification` in the sandbox, through the
+  broker's socket), each split into the job's own steps (`EvalResult.steps_s`) and what lies
+  outside the job (client, socket, snapshot, queue);
 - load_inline: a fresh Python process (as KernelBench's evaluation runs each sample), which
   builds the same sources with `torch.utils.cpp_extension.load_inline` into its build folder
   (kept between the cold run and the edit, as its cache allows), then runs 5 correctness
@@ -80,9 +83,14 @@ def inline_binding(text: str) -> str:
     return "\n".join(lines) + "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { register_relu_add(m); }\n"
 
 
-def ours(language: str, device: str, root: Path) -> dict[str, float]:
+VERIFY_COMMAND = "python3 -m utils.verification"
+
+
+def ours(language: str, device: str, root: Path, round_trips: int = 0) -> tuple[dict[str, float], list[dict]]:
+    """The loop's times, and for each warm verify round trip: its wall time, the job's and the job's steps."""
     task = resolve_task("example/relu_add")
     times: dict[str, float] = {}
+    trips: list[dict] = []
     measure_baselines(task.id, task.code, device=device)  # an RL run's baselines come from the cache: not timed
     with Episode.open(task, language=language, device=device, root=root) as episode:
         for step in ("cold", "edit kernel"):
@@ -102,7 +110,14 @@ def ours(language: str, device: str, root: Path) -> dict[str, float]:
             times[f"{step}: build"] = built - started
             times[f"{step}: verified"] = checked - started
             times[f"{step}: profiled"] = built - started + (time.monotonic() - checked)
-    return times
+        for _ in range(round_trips):
+            started = time.monotonic()
+            answer = episode.sandbox.exec(VERIFY_COMMAND, timeout=600)
+            wall = time.monotonic() - started
+            result = episode.results[-1]
+            assert answer.ok and result.correct and result.mode == Mode.VERIFY, answer.output
+            trips.append({"round_trip_s": wall, "job_s": result.duration_s, "steps_s": dict(result.steps_s)})
+    return times, trips
 
 
 def load_inline_loop(language: str, device: str, root: Path) -> dict[str, float]:
@@ -126,10 +141,26 @@ def load_inline_loop(language: str, device: str, root: Path) -> dict[str, float]
     return times
 
 
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def print_round_trips(trips: list[dict]) -> None:
+    """The warm verify round trip, and where it went: the job's steps (median of each) and the rest."""
+    steps = sorted({name for trip in trips for name in trip["steps_s"]})
+    print(f"\nwarm verify round trip ({VERIFY_COMMAND} in the sandbox), median of {len(trips)}")
+    print(f"{'round trip':40}{median([t['round_trip_s'] for t in trips]):8.3f}s")
+    print(f"{'  outside the job (client, broker, queue)':40}{median([t['round_trip_s'] - t['job_s'] for t in trips]):8.3f}s")
+    print(f"{'  the job':40}{median([t['job_s'] for t in trips]):8.3f}s")
+    for name in sorted(steps, key=lambda n: -median([t["steps_s"].get(n, 0.0) for t in trips])):
+        print(f"{'    ' + name:40}{median([t['steps_s'].get(name, 0.0) for t in trips]):8.3f}s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--language", choices=("cpp", "cuda"), default=None, help="default: cuda on a GPU, else cpp")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--round-trips", type=int, default=5, help="warm verify round trips after each run of ours")
     parser.add_argument("--json", type=Path, default=Path("edit_verify.json"))
     args = parser.parse_args()
     device = default_device()
@@ -137,10 +168,15 @@ def main() -> int:
     precompiled = headers.precompile(language)  # the steady state of a machine (docs/design.md, Builds): not timed
     print(f"{language}: {precompiled.stdout.strip().splitlines()[-1] if precompiled.stdout.strip() else precompiled.stderr}")
     runs: dict[str, list[dict[str, float]]] = {"kernel_env": [], "load_inline": []}
+    trips: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="edit-verify-") as root:
         for repeat in range(args.repeat):
-            for name, loop in (("kernel_env", ours), ("load_inline", load_inline_loop)):
-                times = loop(language, device, Path(root))
+            for name in runs:
+                if name == "kernel_env":
+                    times, found = ours(language, device, Path(root), args.round_trips)
+                    trips += found
+                else:
+                    times = load_inline_loop(language, device, Path(root))
                 runs[name].append(times)
                 print(f"{name}, run {repeat}: " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()), flush=True)
     rows = {name: {key: statistics.median(t[key] for t in found) for key in found[0]} for name, found in runs.items()}
@@ -149,7 +185,10 @@ def main() -> int:
     for name, row in rows.items():
         cells = [row.get(f"{step}: {what}") for step in ("cold", "edit kernel") for what in ("verified", "profiled")]
         print(f"{name:12}" + "".join(f"{c:15.1f}s" if c is not None else f"{'—':>16}" for c in cells))
-    args.json.write_text(json.dumps({"language": language, "device": device, "runs": runs, "median_s": rows}, indent=2))
+    if trips:
+        print_round_trips(trips)
+    args.json.write_text(json.dumps({"language": language, "device": device, "runs": runs, "median_s": rows,
+                                     "verify_round_trips": trips}, indent=2))
     print(f"wrote {args.json}")
     return 0
 
