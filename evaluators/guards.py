@@ -165,7 +165,7 @@ class DeviceRecord:
     def __init__(self, device: torch.device, start_kernel: str, end_kernel: str):
         self.anchors = (start_kernel, end_kernel)
         self.available = device.type == "cuda" and _kineto_cuda()
-        self.records: list[tuple[str, int, int]] = []
+        self.records: list[tuple[str, int, int, int]] = []
 
     def probe(self) -> str | None:
         """Take one empty record (before any candidate code runs): None when it works, else why not,
@@ -191,7 +191,7 @@ class DeviceRecord:
     def __exit__(self, *exc) -> None:
         if self.available:
             events = _disable_profiler().events()
-            self.records = [(e.name(), e.start_ns(), e.end_ns()) for e in events if e.device_type() != _CPU]
+            self.records = [(e.name(), e.start_ns(), e.end_ns(), e.correlation_id()) for e in events if e.device_type() != _CPU]
 
     def outside(self) -> dict:
         """What the record says of the audited call: ``early_work_us`` / ``late_work_us``, how long
@@ -205,23 +205,27 @@ class DeviceRecord:
                 "late_work_us": None if late_ns is None else late_ns / 1e3, "anchor_kernels": named}
 
 
-def outside_the_call_ns(records: list[tuple[str, int, int]], start_kernel: str, end_kernel: str) -> tuple[float | None, float | None, int]:
+def outside_the_call_ns(records: list[tuple[str, int, int, int]], start_kernel: str, end_kernel: str) -> tuple[float | None, float | None, int]:
     """(How long before the start mark the call's first record began, and how long after the end
     mark its last one ended, in ns, or None; how many records bear either kernel's name.)
 
-    ``records`` are (name, start_ns, end_ns) on the device's clock. The one record named
-    ``start_kernel`` is the launch cover: the start mark is its end. The one named ``end_kernel``
-    ran right after the end mark: the end mark is its start. The call's records are the others
-    that end after the cover starts (what the harness ran before it, the cache flush, had ended
-    when it was launched). With either kernel missing, or more than one of a name, the marks
-    cannot be placed."""
+    ``records`` are (name, start_ns, end_ns, correlation id) on the device's clock. The one record
+    named ``start_kernel`` is the launch cover: the start mark is its end. The one named
+    ``end_kernel`` ran right after the end mark: the end mark is its start. The call's records
+    are the others launched after the cover: their correlation ids (the launches' order in the
+    process) are above the cover's, so work the call put on a stream that ran before the cover
+    even started (a device busy with another process's work, then running whatever is ready)
+    is the call's too; what the harness ran before the cover (the cache flush) is not. Where the
+    record has no correlation ids, those that end after the cover starts. With either kernel
+    missing, or more than one of a name, the marks cannot be placed."""
     starts = [r for r in records if r[0] == start_kernel]
     ends = [r for r in records if r[0] == end_kernel]
     named = len(starts) + len(ends)
     if len(starts) != 1 or len(ends) != 1:
         return None, None, named
-    (_, cover_start, cover_end), (_, end_mark, _) = starts[0], ends[0]
-    call = [(start, end) for name, start, end in records if name not in (start_kernel, end_kernel) and end > cover_start]
+    (_, cover_start, cover_end, cover_id), (_, end_mark, _, _) = starts[0], ends[0]
+    call = [(start, end) for name, start, end, launch in records if name not in (start_kernel, end_kernel)
+            and (launch > cover_id if cover_id else end > cover_start)]
     if not call:
         return None, None, named
     return cover_end - min(start for start, _ in call), max(end for _, end in call) - end_mark, named

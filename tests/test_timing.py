@@ -163,24 +163,36 @@ def test_work_outside_the_call_is_read_against_the_marks_placed_by_the_harness_k
     from kernel_env.evaluators.guards import outside_the_call_ns
 
     names = ("kernel_env_launch_cover", "kernel_env_end_mark")
-    cover = (names[0], 0, 200_000)                  # the start mark is reached as it ends
-    flush = ("flush", -90_000, -10_000)             # the harness's, before the cover: not the call's
-    honest = [flush, cover, ("relu", 201_000, 209_000), (names[1], 210_000, 210_500)]
+    # (name, start, end, correlation id: the launch order); the harness launches the flush, the cover,
+    # then the call runs, then the harness launches the end mark.
+    flush = ("flush", -90_000, -10_000, 10)         # the harness's, before the cover: not the call's
+    cover = (names[0], 0, 200_000, 11)              # the start mark is reached as it ends
+
+    def end(at, launch=99):
+        return (names[1], at, at + 500, launch)
+
+    honest = [flush, cover, ("relu", 201_000, 209_000, 12), end(210_000)]
     assert outside_the_call_ns(honest, *names) == (-1_000, -1_000, 2)      # inside both marks
-    joined = [cover, ("relu on a joined stream", 205_000, 260_000), (names[1], 261_000, 261_500)]
+    joined = [cover, ("relu on a joined stream", 205_000, 260_000, 12), end(261_000)]
     assert outside_the_call_ns(joined, *names)[1] < 0                      # the end mark waited for the join
-    unjoined = [cover, (names[1], 201_000, 201_500), ("relu on a side stream", 201_000, 209_000)]
+    unjoined = [cover, end(201_000), ("relu on a side stream", 201_000, 209_000, 12)]
     assert outside_the_call_ns(unjoined, *names) == (-1_000, 8_000, 2)     # 8 us after the end mark
-    beside_the_tail = [cover, ("relu on a stream that does not wait", 195_000, 201_000), (names[1], 201_000, 201_500)]
+    beside_the_tail = [cover, ("relu on a stream that does not wait", 195_000, 201_000, 12), end(201_000)]
     assert outside_the_call_ns(beside_the_tail, *names)[0] == 5_000        # 5 us before the start mark
+    # A device busy with another process: the side stream's work ran before the cover even started.
+    before_the_cover = [flush, ("relu on a side stream", -8_000, -1_000, 12), cover, end(201_000)]
+    assert outside_the_call_ns(before_the_cover, *names)[0] == 208_000
     # The device shared with another process: its work ran between the cover and the start mark
     # and between the end mark and the kernel after it; the call's own work is still inside.
-    time_sliced = [cover, ("relu", 1_400_000, 1_409_000), (names[1], 2_600_000, 2_600_500)]
+    time_sliced = [cover, ("relu", 1_400_000, 1_409_000, 12), end(2_600_000)]
     assert outside_the_call_ns(time_sliced, *names) == (-1_200_000, -1_191_000, 2)
-    assert outside_the_call_ns([flush, cover, (names[1], 201_000, 201_500)], *names) == (None, None, 2)  # nothing of the call ran
+    assert outside_the_call_ns([flush, cover, end(201_000)], *names) == (None, None, 2)  # nothing of the call ran
+    # A record without correlation ids: the call's work is what ends after the cover starts.
+    unnumbered = [(n, a, b, 0) for n, a, b, _ in [flush, cover, ("relu", 201_000, 209_000, 0), end(210_000)]]
+    assert outside_the_call_ns(unnumbered, *names) == (-1_000, -1_000, 2)
     # Without either kernel, or with a second one of a name, the marks cannot be placed.
-    assert outside_the_call_ns([("relu", 0, 10)], *names) == (None, None, 0)
-    assert outside_the_call_ns([cover, ("relu", 201_000, 209_000)], *names) == (None, None, 1)
-    assert outside_the_call_ns([cover, (names[1], 201_000, 400_000), (names[1], 500_000, 500_100)], *names) == (None, None, 3)
+    assert outside_the_call_ns([("relu", 0, 10, 1)], *names) == (None, None, 0)
+    assert outside_the_call_ns([cover, ("relu", 201_000, 209_000, 12)], *names) == (None, None, 1)
+    assert outside_the_call_ns([cover, end(201_000), end(500_000)], *names) == (None, None, 3)
 
 
