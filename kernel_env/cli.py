@@ -12,6 +12,7 @@ Progress and errors go to stderr, results to stdout, so ``--json`` output can be
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import importlib.metadata
 import json
@@ -62,6 +63,38 @@ class Device(str, enum.Enum):
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
+
+
+def run_interruptibly(coro) -> Any:
+    """``asyncio.run(coro)``, with Ctrl-C cancelling it at once and raising KeyboardInterrupt.
+
+    asyncio.run's own handler runs only when the event loop next wakes, and a SIGINT sent to the
+    process may be taken by any of its threads without waking the loop's wait: a loop waiting on
+    a model's answer then sat out the answer (a test saw 60 s). Here the signal wakes the loop."""
+    return asyncio.run(_cancelled_on_sigint(coro))
+
+
+async def _cancelled_on_sigint(coro) -> Any:
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    interrupted = False
+
+    def interrupt() -> None:
+        nonlocal interrupted
+        interrupted = True
+        task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupt)
+    except (ValueError, RuntimeError):  # not the main thread: nothing to wake
+        return await coro
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 def _print_json(data: Any) -> None:
@@ -949,8 +982,6 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print the run's summary as JSON."),
 ) -> None:
     """Generate refine-loop traces (SFT data) with a model behind an OpenAI-compatible server."""
-    import asyncio
-
     from kernel_env.generate import GenerateConfig, GenerateError, TraceStore, generate as run_generate, select_tasks
 
     if kernelbench is None and kernelbook is None and tasks_spec is None:
@@ -986,7 +1017,7 @@ def generate(
                 err.print(escape(event), soft_wrap=True)
 
         try:
-            summary = asyncio.run(run_generate(selected, config, store, on_progress=report))
+            summary = run_interruptibly(run_generate(selected, config, store, on_progress=report))
         except KeyboardInterrupt:
             err.print(f"[yellow]interrupted:[/] {len(store.traces)} traces are in {escape(str(output))}; "
                       "rerun the same command to go on")
@@ -1046,8 +1077,6 @@ def eval_command(
     as_json: bool = typer.Option(False, "--json", help="Print the run's summary and metrics as JSON."),
 ) -> None:
     """Evaluate a tool-calling model as a KernelAgent-v0 agent over a task set: pass rate, faster rates, geomean speed-ups."""
-    import asyncio
-
     from kernel_env.agent_runner import AgentRunConfig, EvalRunError, run_agent_eval
     from kernel_env.episode import default_device
 
@@ -1079,7 +1108,7 @@ def eval_command(
                                  + (f" ({record.error})" if record.error else "")), soft_wrap=True)
 
         try:
-            summary = asyncio.run(run_agent_eval(selected, config, output, on_record=report_episode))
+            summary = run_interruptibly(run_agent_eval(selected, config, output, on_record=report_episode))
         except KeyboardInterrupt:
             err.print(f"[yellow]interrupted:[/] finished episodes are in {escape(str(output))}; rerun the same command to go on")
             raise typer.Exit(130) from None

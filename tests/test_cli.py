@@ -241,3 +241,34 @@ def test_run_task_in_a_terminal_opens_a_shell_in_the_sandbox(tmp_path, keep):
         assert str(workspaces[0] / "workspace") in screen.replace("\r\n", "")
     else:
         assert workspaces == []
+
+
+def test_ctrl_c_reaches_a_waiting_event_loop_whichever_thread_takes_the_signal():
+    """A SIGINT sent to the process may land on any of its threads; asyncio.run's own handler then
+    waits for the loop to wake (a generate run waiting on a model's answer sat it out: 60 s in CI).
+    The CLI's runner wakes the loop, cancels the run and raises KeyboardInterrupt at once."""
+    import asyncio
+    import signal
+    import threading
+    import time
+
+    from kernel_env.cli import run_interruptibly
+
+    cleaned = []
+
+    async def waiting_for_an_answer():
+        try:
+            await asyncio.sleep(30)
+        finally:
+            cleaned.append(True)  # the run's own clean-up still runs
+
+    def interrupt_from_another_thread():
+        time.sleep(0.5)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_from_another_thread, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_interruptibly(waiting_for_an_answer())
+    assert time.monotonic() - started < 5 and cleaned == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
