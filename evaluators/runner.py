@@ -270,17 +270,18 @@ class Runner:
         the Triton launch count, the process watch, and the device's own record of everything
         the call ran on any stream (work that runs outside the marks)."""
         audit = guards.TorchComputeAudit()
-        before = self.launches.launches
         bench.marks.use_default_stream()
         with self.record:
             bench.ready(audited=True)
             bench.marks.mark()
+            before = self.launches.launches  # the call's launches only: the cover and end mark are Triton kernels too
             with audit:
                 out = self.model(*inputs)
+            launched = self.launches.launches - before
             bench.marks.mark()
             bench.audited_end()
             bench.marks.sync()
-        return out, {"torch_ops": audit.forbidden, "triton_launches": self.launches.launches - before,
+        return out, {"torch_ops": audit.forbidden, "triton_launches": launched,
                      "empty_output": all(isinstance(t, torch.Tensor) and t.numel() == 0 for t in timing.flatten(out)),
                      "processes": self._new_processes(), **self.record.outside()}
 

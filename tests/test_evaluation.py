@@ -420,6 +420,37 @@ def _audit_verdict(tmp_path, found: dict) -> list[str]:
     return result.violations
 
 
+def test_an_audited_calls_triton_launch_count_leaves_out_the_harness_kernels():
+    """On a GPU the launch cover before the call and the end mark after it are Triton launches of
+    the harness's own, through the same wrapped entry point as the candidate's: counted, a Triton
+    forward that launched nothing read as one that launched two, and the rule never fired."""
+    from kernel_env.evaluators import guards, runner as runner_module, timing
+
+    runner = runner_module.Runner(channel=None)
+    runner.launches = guards.KernelLaunchCounter()
+    runner.record = guards.DeviceRecord(torch.device("cpu"), timing.COVER_KERNEL, timing.END_KERNEL)
+
+    class HarnessKernelsBench:  # the CPU bench, with the cover and the end mark counted as a GPU's are
+        marks = timing._Marks(torch.device("cpu"))
+
+        def ready(self, audited: bool = False) -> None:
+            runner.launches.launches += 1
+
+        def audited_end(self) -> None:
+            runner.launches.launches += 1
+
+    def launching(count: int):
+        def forward(x):
+            runner.launches.launches += count
+            return x
+        return forward
+
+    for count in (0, 1, 3):
+        runner.model = launching(count)
+        _, found = runner._audited_call([torch.ones(4)], HarnessKernelsBench())
+        assert found["triton_launches"] == count, found
+
+
 @pytest.mark.parametrize(("found", "violation"), [
     ({"early_work_us": -1.0, "late_work_us": 6.2, "anchor_kernels": 2},
      "ran work on the device 6.2 us after it returned (during timing)"),
