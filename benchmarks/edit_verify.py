@@ -24,6 +24,7 @@ Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -86,11 +87,10 @@ def inline_binding(text: str) -> str:
 VERIFY_COMMAND = "python3 -m utils.verification"
 
 
-def ours(language: str, device: str, root: Path, round_trips: int = 0) -> tuple[dict[str, float], list[dict]]:
-    """The loop's times, and for each warm verify round trip: its wall time, the job's and the job's steps."""
+def ours(language: str, device: str, root: Path, *, round_trips: int = 0, trips: list[dict] | None = None) -> dict[str, float]:
+    """The loop's times; each warm verify round trip (its wall time, the job's, the job's steps) goes to ``trips``."""
     task = resolve_task("example/relu_add")
     times: dict[str, float] = {}
-    trips: list[dict] = []
     measure_baselines(task.id, task.code, device=device)  # an RL run's baselines come from the cache: not timed
     with Episode.open(task, language=language, device=device, root=root) as episode:
         for step in ("cold", "edit kernel"):
@@ -117,7 +117,7 @@ def ours(language: str, device: str, root: Path, round_trips: int = 0) -> tuple[
             result = episode.results[-1]
             assert answer.ok and result.correct and result.mode == Mode.VERIFY, answer.output
             trips.append({"round_trip_s": wall, "job_s": result.duration_s, "steps_s": dict(result.steps_s)})
-    return times, trips
+    return times
 
 
 def load_inline_loop(language: str, device: str, root: Path) -> dict[str, float]:
@@ -171,12 +171,9 @@ def main() -> int:
     trips: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="edit-verify-") as root:
         for repeat in range(args.repeat):
-            for name in runs:
-                if name == "kernel_env":
-                    times, found = ours(language, device, Path(root), args.round_trips)
-                    trips += found
-                else:
-                    times = load_inline_loop(language, device, Path(root))
+            for name, loop in (("kernel_env", functools.partial(ours, round_trips=args.round_trips, trips=trips)),
+                               ("load_inline", load_inline_loop)):
+                times = loop(language, device, Path(root))
                 runs[name].append(times)
                 print(f"{name}, run {repeat}: " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()), flush=True)
     rows = {name: {key: statistics.median(t[key] for t in found) for key in found[0]} for name, found in runs.items()}
