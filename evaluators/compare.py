@@ -4,13 +4,27 @@ The KernelBench rule with no loopholes: same structure, same shape, same dtype, 
 element within atol + rtol * |ref|; a NaN or Inf in the candidate must be matched by the
 same value at the same place in the reference, and a NaN never passes where the reference
 is finite.
+
+The reference process runs it (``runner.py`` imports it as a sibling module, so it needs
+nothing but torch), on the device that holds the reference's outputs; the harness turns its
+``TrialReport`` into the result's ``records.TrialReport`` (the same fields).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from kernel_env.evaluators.records import TrialReport
+
+@dataclasses.dataclass
+class TrialReport:
+    trial: int
+    correct: bool
+    message: str = ""
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    first_bad_index: list[int] | None = None
 
 
 def flatten_outputs(value) -> list:
@@ -35,7 +49,7 @@ def compare_outputs(trial: int, reference, candidate, atol: float, rtol: float) 
             return TrialReport(trial=trial, correct=False, message=f"{label} has shape {tuple(cand.shape)}, expected {tuple(ref.shape)}")
         if cand.dtype != ref.dtype:
             return TrialReport(trial=trial, correct=False, message=f"{label} has dtype {cand.dtype}, expected {ref.dtype}")
-        report = _compare_tensor(trial, label, ref.detach().cpu(), cand.detach().cpu(), atol, rtol)
+        report = _compare_tensor(trial, label, ref.detach(), cand.detach(), atol, rtol)
         if not report.correct:
             return report
         max_abs = max(max_abs, report.max_abs_error or 0.0)

@@ -20,12 +20,12 @@ import socket
 import stat
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from kernel_env.evaluators.baselines import BaselineCache
-from kernel_env.evaluators.compare import compare_outputs
 from kernel_env.evaluators.guards import EARLY_WORK_TOLERANCE_US, LATE_WORK_TOLERANCE_US
 from kernel_env.evaluators.isolation import Child, ChildError, Spares, warm_children
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode, Timing, TrialReport
@@ -37,7 +37,6 @@ from kernel_env.languages import get_language
 
 log = logging.getLogger(__name__)
 
-_MAX_OUTPUT_FILE = 4 << 30
 _PROCESSES_MESSAGE = ("ModelNew started other processes, {when} ({pids} in the evaluation sandbox); kernels must "
                       "run in the evaluated process, where the timing sees them")
 # What the kernel's clock may see beyond a timed call's own marks (lower quartile over the calls):
@@ -74,23 +73,37 @@ def _streamed(seeds: list[int]) -> dict:
 
 
 def evaluate(job: EvalJob, *, device: str | None = None, baselines: BaselineCache | None = None,
-             reward_kind: str = "milestone", lease: DeviceLease | None = None) -> EvalResult:
+             reward_kind: str = "milestone", lease: DeviceLease | None = None,
+             answer: Callable[[EvalResult], None] | None = None) -> EvalResult:
     """Evaluate one job on ``device`` (``cuda:N`` or ``cpu``); every failure becomes a result.
 
     ``lease``: the device's, when other jobs run on it at once (sharing.py): the job's timing runs
     then wait for the device to themselves, and its other steps for no timing run. Without one
-    the caller guarantees that nothing else uses the device."""
+    the caller guarantees that nothing else uses the device.
+
+    ``answer``: called with the result as soon as it is complete, before the job's processes are
+    ended (0.2-0.3 s on an H100 machine, where each has a CUDA context to tear down): the pool
+    answers the job with it, so the caller does not wait for the clean-up. ``evaluate`` itself
+    returns once the processes are gone; with ``answer``, their ending is left out of
+    ``steps_s`` and ``duration_s``."""
     started = time.monotonic()
     device = device or ("cuda:0" if job.device == "cuda" else "cpu")
     result = EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
                         ran_on=f"{socket.gethostname()}/{device}", mode=job.mode, snapshot_hash=job.snapshot_hash)
     evaluation = _Evaluation(job, result, device, baselines or BaselineCache(), lease)
     try:
-        evaluation.run()
-    except JobFailed:
-        pass
+        try:
+            evaluation.run()
+        except JobFailed:
+            pass
+        if answer is not None:
+            answer(_concluded(result, job, reward_kind, started))
     finally:
-        evaluation.finish()
+        evaluation.finish(record=answer is None)
+    return result if answer is not None else _concluded(result, job, reward_kind, started)
+
+
+def _concluded(result: EvalResult, job: EvalJob, reward_kind: str, started: float) -> EvalResult:
     if result.error or result.violations:
         result.correct = False
     s = job.settings
@@ -150,11 +163,12 @@ class _Evaluation:
         self.warm = warm_children(self.gpu)
 
     @contextlib.contextmanager
-    def step(self, name: str, *, share: str | None = "untimed"):
+    def step(self, name: str, *, share: str | None = "untimed", record: bool = True):
         """Run the block as one step of the job: under the device's lease (``share``: "untimed",
         "timing", or None for a step that leaves the device alone), its wall time added to
-        ``result.steps_s[name]`` and the wait for the lease to ``steps_s["waiting for the device"]``."""
-        steps = self.result.steps_s
+        ``result.steps_s[name]`` and the wait for the lease to ``steps_s["waiting for the device"]``
+        (unless ``record`` is False: the result may have been handed over already)."""
+        steps = self.result.steps_s if record else {}
         asked = time.monotonic()
         with contextlib.ExitStack() as held:
             if self.lease is not None and share is not None:
@@ -185,9 +199,10 @@ class _Evaluation:
             self.lease.register(child)
         return child
 
-    def finish(self) -> None:
-        """End the job's children and remove their folders (their successors are already starting)."""
-        with self.step("end children"):
+    def finish(self, record: bool = True) -> None:
+        """End the job's children and remove their folders (their successors are already starting).
+        An untimed step like any other: no timing run on the device meets a process's teardown."""
+        with self.step("end children", record=record):
             for child in self.children:
                 child.discard()
                 if self.lease is not None:
@@ -220,15 +235,14 @@ class _Evaluation:
     # ------------------------------------------------------------------ reference
 
     def run_reference(self, trial_seeds, checked_seeds, fp_seed, init_seed) -> dict:
-        child = self.child("reference")
+        """The reference's steps. Its process lives on, holding the trials' outputs, until it has
+        compared the candidate's with them (``check_trials``)."""
+        child = self.reference = self.child("reference")
         self.ref_dir = child.host_paths["/job/ref"]
         try:
             return self._reference_steps(child, trial_seeds, checked_seeds, fp_seed, init_seed)
         except ChildError as exc:
             self.fail(f"the reference task failed, not your code: {exc}", log=child.log_tail())
-        finally:
-            with self.step("reference: close"):
-                child.close()  # its outputs stay in its folder until finish()
 
     def _reference_steps(self, child: Child, trial_seeds, checked_seeds, fp_seed, init_seed) -> dict:
         setup = self._ask(child, "setup", "running the reference task", device=self.child_device,
@@ -240,6 +254,7 @@ class _Evaluation:
         if self.timed:
             self.result.eager, self.result.compiled_baseline = self.baseline_times(child, setup)
             prints = self._ask(child, "ref_fingerprints", "running the reference Model", seeds=checked_seeds, fp_seed=fp_seed)["fingerprints"]
+        self._ask(child, "ref_release", "freeing the reference Model")
         return {"trials": trials, "fingerprints": prints}
 
     def baseline_times(self, child: Child, setup: dict) -> tuple[Timing, Timing | None]:
@@ -290,8 +305,10 @@ class _Evaluation:
             trials = self._ask(child, "cand_trials", "running ModelNew", seeds=trial_seeds)
             if trials.get("error"):
                 self.fail(trials["error"], log=child.log_tail())
-            with self.step("compare trials"):
-                self.check_trials(reference["trials"], trials["trials"])
+            self.check_trials(reference["trials"], trials["trials"])
+            if self.timed:  # gone before the timing run; otherwise finish() ends it with the candidate's
+                with self.step("reference: close"):
+                    self.reference.close()
             if self.timed and result.correct and not result.violations:
                 self.time_candidate(child, timed_seeds, checked, fp_seed, reference["fingerprints"])
             integrity = self._ask(child, "cand_integrity", "checking the candidate process")
@@ -302,9 +319,6 @@ class _Evaluation:
                 result.violations.append(_PROCESSES_MESSAGE.format(when="left behind", pids=", ".join(integrity["processes"][:5])))
         except ChildError as exc:
             self.fail(str(exc), log=child.log_tail())
-        finally:
-            with self.step("candidate: close"):
-                child.close()
 
     def check_trials(self, ref_trials: list[dict], cand_trials: list[dict]) -> None:
         s, result = self.s, self.result
@@ -315,13 +329,7 @@ class _Evaluation:
             if cand["non_tensor_outputs"]:
                 result.trials.append(TrialReport(trial=index, correct=False, message=f"returned {', '.join(cand['non_tensor_outputs'])} instead of plain tensors"))
                 break
-            expected = _load_tensors(self.ref_dir / f"ref_trial_{index}.pt")
-            try:
-                got = _load_tensors(self.cand_dir / f"cand_trial_{index}.pt")
-            except (OSError, ValueError, RuntimeError, EOFError) as exc:
-                self.fail(f"the output of trial {index + 1} could not be read back ({type(exc).__name__}: {exc}); "
-                          "the candidate process must not touch the harness's files")
-            report = compare_outputs(index, expected, got, s.atol, s.rtol)
+            report = self.compare_trial(index)
             result.trials.append(report)
             if cand["mutated_inputs"] and not ref["mutated_inputs"]:
                 result.violations.append("ModelNew.forward modified its input tensors in place (the reference does not)")
@@ -330,6 +338,24 @@ class _Evaluation:
                 break
         result.violations = list(dict.fromkeys(result.violations))
         result.correct = bool(result.trials) and all(t.correct for t in result.trials) and len(result.trials) == s.trials
+
+    def compare_trial(self, index: int) -> TrialReport:
+        """The reference's process compares trial ``index``: the candidate's output file moves
+        into its directory (a rename; the reference's process trusts nothing about the file)."""
+        name = f"cand_trial_{index}.out"
+        try:
+            os.replace(self.cand_dir / name, self.ref_dir / name)
+        except FileNotFoundError:
+            pass  # the reference's process says so
+        try:
+            answer = self._ask(self.reference, "ref_compare", f"comparing trial {index + 1}'s outputs", trial=index,
+                               file=f"{self.reference.path('/job/ref')}/{name}", atol=self.s.atol, rtol=self.s.rtol)
+        except ChildError as exc:
+            self.fail(f"comparing trial {index + 1}'s outputs failed: {exc}")
+        if "unreadable" in answer:
+            self.fail(f"the output of trial {index + 1} could not be read back ({answer['unreadable']}); "
+                      "the candidate process must not touch the harness's files")
+        return TrialReport(**answer["report"])
 
     def check_rules(self, audits: list[dict], *, expected: int, when: str) -> None:
         """Rule violations seen by audited calls (the trials, and secret positions of the timing run)."""
@@ -443,15 +469,6 @@ def _open_untrusted(path: Path, limit: int):
         if info.st_size > limit:
             raise ValueError(f"{info.st_size} bytes is more than this file may take")
         yield handle
-
-
-def _load_tensors(path: Path):
-    """Load a tensor file a child wrote: an untrusted file holding plain tensors only."""
-    with _open_untrusted(path, _MAX_OUTPUT_FILE) as handle:
-        try:
-            return torch.load(handle, weights_only=True, map_location="cpu")
-        except Exception as exc:  # pickle errors of every kind: the file is not ours
-            raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
 
 
 def _clock_mismatch(times: list[float], marks: list[tuple[str, int, float]]) -> str | None:

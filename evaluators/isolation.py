@@ -320,9 +320,9 @@ class Spares:
 
     A spare is a ``Child.spawn`` like any other: its own sandbox, its own empty directories, its
     own key, and it serves exactly one job (a CUDA fault or anything a candidate left behind ends
-    with it). What it has done ahead of time is to start Python and import torch, Triton and
-    torch._dynamo, before any job's file exists or CUDA is touched, so a job that takes it waits
-    for none of that. Taking a spare starts a successor at once, and jobs take the oldest: on an
+    with it). What it has done ahead of time, before any job's file exists, is to start Python,
+    import torch, Triton and torch._dynamo and, for a GPU, make its CUDA context and ready the
+    harness's Triton kernels (``timing.preload``), so a job that takes it waits for none of that. Taking a spare starts a successor at once, and jobs take the oldest: on an
     H200 machine the imports took about 8 s, longer than a verification job (4 s), so with one
     spare started as the job before ended, back-to-back jobs waited for most of the import; with
     two started as jobs begin, each has two jobs' time to get ready."""

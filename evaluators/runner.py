@@ -5,19 +5,27 @@ Started by the trusted harness (``evaluators/harness.py``) inside an isolated pr
 sibling modules ``timing`` and ``guards``. Commands arrive as JSON lines on stdin (after a
 first line holding the key of ``Channel``); answers go out, signed, on the file descriptor
 named by ``KE_REPLY_FD`` (stdout and stderr belong to the code under test and are only
-logged). Tensors travel as files in the job's directories:
-the reference process writes reference outputs where the candidate process cannot see
-them; the candidate process never computes, loads or holds a reference output, so there
-is nothing for it to find in memory.
+logged). The reference process keeps its trial outputs in its own memory (on the device)
+and never writes them anywhere; the candidate process writes each trial's outputs to a file
+(``write_outputs``), which the parent moves into the reference process's directory, and the
+reference process reads it and compares (``compare.py``). The candidate process never
+computes, loads or holds a reference output, so there is nothing for it to find, in memory
+or on disk.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import dataclasses
+import gc
 import importlib.util
 import json
+import math
 import os
 import pickle
 import socket
+import stat
 import sys
 import traceback
 from pathlib import Path
@@ -26,11 +34,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+import compare  # noqa: E402
 import guards  # noqa: E402
 import timing  # noqa: E402
 
-if os.environ.get("KE_PRELOAD"):  # a spare (isolation.Spares): import now what a job would wait for
+if os.environ.get("KE_PRELOAD"):  # a spare (isolation.Spares): import and compile now what a job would wait for
     guards.preload()
+    timing.preload()
+
+#: The largest trial output file the reference process reads.
+MAX_OUTPUT_FILE = 4 << 30
+_MAX_HEADER = 1 << 20
+_PINNED_LIMIT = 1 << 30  # larger outputs go through pageable memory rather than pin this much at once
 
 try:
     from _hashlib import hmac_digest as _hmac_digest  # C: nothing the code under test patches reaches it
@@ -80,6 +95,7 @@ class Runner:
         self.pid_namespace = False
         self.processes: guards.Processes | None = None  # the process watch (guards.Processes), from cand_load
         self.spare: frozenset[int] = frozenset()  # the model's weight and buffer storages, never poisoned
+        self.expected: dict[int, tuple[bool, list[torch.Tensor]]] = {}  # the reference's trial outputs, by trial
 
     # ------------------------------------------------------------------ shared
 
@@ -113,7 +129,9 @@ class Runner:
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         return {"device_name": name, "torch": torch.__version__}
 
-    def run_trials(self, seeds: list[int], prefix: str, audit_fn=None) -> list[dict]:
+    def run_trials(self, seeds: list[int], keep, audit_fn=None) -> list[dict]:
+        """Each seed's call on fresh inputs; ``keep(index, sequence, outputs)`` takes the outputs of
+        a call that returned plain tensors only."""
         reports = []
         for index, seed in enumerate(seeds):
             inputs = self.make_inputs(seed)
@@ -124,11 +142,8 @@ class Runner:
                 torch.cuda.synchronize(self.device)
             outputs = timing.flatten(out)
             kinds = [timing.describe(t) for t in outputs if not timing.is_plain(t)]
-            saved = [t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor) else t for t in outputs]
-            if kinds:
-                saved = None
-            else:
-                torch.save(saved if timing.is_sequence(out) else saved[0], self.out_dir / f"{prefix}_{index}.pt")
+            if not kinds:
+                keep(index, timing.is_sequence(out), [t.detach() for t in outputs])
             mutated = any(
                 isinstance(a, torch.Tensor) and (a.shape != b.shape or not torch.equal(a.nan_to_num(), b.nan_to_num()))
                 for a, b in zip(inputs, pristine)
@@ -163,7 +178,49 @@ class Runner:
         return {}
 
     def cmd_ref_trials(self, req: dict) -> dict:
-        return {"trials": self.run_trials(req["seeds"], "ref_trial")}
+        def keep(index: int, sequence: bool, outputs: list[torch.Tensor]) -> None:
+            # Copies (an output may be a view of an input or a buffer), on the device while it keeps
+            # a quarter of its memory free for the candidate, else in this process's host memory.
+            free, total = torch.cuda.mem_get_info(self.device) if self.device.type == "cuda" else (0, 0)
+            on_device = sum(t.nbytes for t in outputs) < free - total // 4
+            self.expected[index] = (sequence, [t.clone() if on_device else t.to("cpu", copy=True) for t in outputs])
+
+        return {"trials": self.run_trials(req["seeds"], keep)}
+
+    def cmd_ref_release(self, req: dict) -> dict:
+        """Drop the Model and its memory: from here on this process only compares (``ref_compare``)."""
+        self.model = None  # freed by its reference count; a gc.collect() here took 0.15-0.2 s
+        self.task = {}
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {}
+
+    def cmd_ref_compare(self, req: dict) -> dict:
+        """Compare trial ``trial``'s outputs with the candidate's, read from ``file`` (which the
+        candidate's process wrote, so nothing about it is trusted), on the device that holds the
+        reference's, or on the host where the device has no room. The file is removed."""
+        sequence, expected = self.expected.pop(req["trial"])
+        try:
+            try:
+                return self._compare(req, sequence, expected, expected[0].device if expected else self.device)
+            except torch.OutOfMemoryError:  # the candidate's copy, or the full check's float64 work
+                pass
+            expected = [t.cpu() for t in expected]
+            gc.collect()
+            torch.cuda.empty_cache()
+            return self._compare(req, sequence, expected, torch.device("cpu"))
+        except (OSError, ValueError) as exc:
+            return {"unreadable": f"{type(exc).__name__}: {exc}"}
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(req["file"])
+
+    @staticmethod
+    def _compare(req: dict, sequence: bool, expected: list[torch.Tensor], device: torch.device) -> dict:
+        got_sequence, got = read_outputs(req["file"], device)
+        report = compare.compare_outputs(req["trial"], expected if sequence else expected[0],
+                                         got if got_sequence else got[0], req["atol"], req["rtol"])
+        return {"report": dataclasses.asdict(report)}
 
     def cmd_ref_fingerprints(self, req: dict) -> dict:
         prints = []
@@ -290,7 +347,9 @@ class Runner:
 
     def cmd_cand_trials(self, req: dict) -> dict:
         try:
-            return {"trials": self.run_trials(req["seeds"], "cand_trial", audit_fn=lambda inputs: self._audited_call(inputs, self.bench))}
+            return {"trials": self.run_trials(
+                req["seeds"], lambda index, sequence, outputs: write_outputs(self.out_dir / f"cand_trial_{index}.out", sequence, outputs),
+                audit_fn=lambda inputs: self._audited_call(inputs, self.bench))}
         except Exception as exc:
             return {"error": _trimmed("ModelNew.forward", exc, None)}
 
@@ -330,6 +389,103 @@ class Runner:
     def cmd_cand_integrity(self, req: dict) -> dict:
         return {"changes": self.integrity.changes(), "new_threads": self.integrity.new_threads(),
                 "processes": self._new_processes()}
+
+
+def write_outputs(path: Path, sequence: bool, outputs: list[torch.Tensor]) -> None:
+    """A trial's outputs as one file: an 8-byte little-endian header length, a JSON header (whether
+    the call returned a sequence; each output's dtype and shape), then each output's bytes in
+    row-major order. Plain bytes, no pickle: the reference process reads it (``read_outputs``)."""
+    # Into page-locked memory from the device: the copy runs at full speed (into fresh pageable
+    # memory, a 64 MB output took 46 ms on an H100 machine, most of it page faults).
+    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=t.nbytes <= _PINNED_LIMIT).copy_(t) if t.is_cuda else t
+            for t in outputs]
+    header = json.dumps({"sequence": sequence, "outputs": [
+        {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for t in host]}).encode()
+    with open(path, "wb", buffering=0) as handle:
+        _write_all(handle, len(header).to_bytes(8, "little") + header)
+        for t in host:
+            if t.numel():
+                dense = t.contiguous()  # held here: the byte view does not keep the tensor alive
+                _write_all(handle, _bytes_of(dense))
+
+
+def read_outputs(path: str, device: torch.device) -> tuple[bool, list[torch.Tensor]]:
+    """What ``write_outputs`` wrote, onto ``device``; the file comes from the candidate's process,
+    so anything but a regular file of that exact layout is a ValueError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # no link, and a FIFO does not block
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > MAX_OUTPUT_FILE:
+            raise ValueError(f"{info.st_size} bytes is more than an output file may take")
+        length = int.from_bytes(_read_exactly(handle, 8), "little")
+        if length > _MAX_HEADER:
+            raise ValueError("not an output file (header too long)")
+        try:
+            sequence, specs = _layout(json.loads(_read_exactly(handle, length)))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ValueError("not an output file (bad header)") from None
+        sizes = [math.prod(shape) * dtype.itemsize for dtype, shape in specs]
+        if 8 + length + sum(sizes) != info.st_size:
+            raise ValueError("not an output file (its size does not match its header)")
+        outputs = []
+        for (dtype, shape), size in zip(specs, sizes):
+            raw = torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda" and size <= _PINNED_LIMIT)
+            if size:
+                _read_into(handle, raw)
+            try:
+                outputs.append(raw.view(dtype).reshape(shape).to(device))
+            except RuntimeError as exc:
+                if isinstance(exc, torch.OutOfMemoryError):
+                    raise
+                raise ValueError(f"not an output file ({str(exc).splitlines()[0][:200]})") from None
+        return sequence, outputs
+
+
+def _layout(header) -> tuple[bool, list[tuple[torch.dtype, list[int]]]]:
+    """An output file's header, checked: whether the call returned a sequence, and each output's dtype and shape."""
+    if not isinstance(header, dict) or not isinstance(header.get("sequence"), bool) or not isinstance(header.get("outputs"), list):
+        raise ValueError("not an output file (bad header)")
+    specs = []
+    for item in header["outputs"]:
+        dtype = getattr(torch, item.get("dtype"), None) if isinstance(item, dict) and isinstance(item.get("dtype"), str) else None
+        shape = item.get("shape") if isinstance(item, dict) else None
+        if not isinstance(dtype, torch.dtype) or not isinstance(shape, list) or \
+                not all(type(n) is int and 0 <= n < 1 << 48 for n in shape):
+            raise ValueError(f"not an output file (a bad output description: {json.dumps(item)[:100]})")
+        specs.append((dtype, shape))
+    if not header["sequence"] and len(specs) != 1:
+        raise ValueError("not an output file (a single output described as several)")
+    return header["sequence"], specs
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    """A contiguous CPU tensor's memory as a writable byte buffer (no numpy needed); the caller
+    keeps the tensor alive while it uses the buffer."""
+    return memoryview((ctypes.c_char * t.nbytes).from_address(t.data_ptr())).cast("B")
+
+
+def _write_all(handle, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[handle.write(view):]
+
+
+def _read_exactly(handle, size: int) -> bytes:
+    data = handle.read(size)
+    if data is None or len(data) != size:
+        raise ValueError("not an output file (truncated)")
+    return data
+
+
+def _read_into(handle, raw: torch.Tensor) -> None:
+    view, done = _bytes_of(raw), 0
+    while done < len(view):  # one read returns at most 2 GiB
+        got = handle.readinto(view[done:])
+        if not got:
+            raise ValueError("not an output file (truncated)")
+        done += got
 
 
 def _init_inputs(path: str):

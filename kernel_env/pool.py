@@ -150,12 +150,14 @@ class LocalPool(_QueuedPool):
                 continue
             wanted_cuda = job.device == "cuda"
             run_on = device if wanted_cuda == device.startswith("cuda") else "cpu"
-            try:
-                result = evaluate(job, device=run_on, baselines=self.baselines, reward_kind=self.reward_kind, lease=lease)
+            try:  # answered as soon as the result is complete; the job's processes end after that
+                result = evaluate(job, device=run_on, baselines=self.baselines, reward_kind=self.reward_kind, lease=lease,
+                                  answer=future.set_result)
             except Exception as exc:  # a harness bug must still answer the job
                 log.exception("evaluation of %s failed", job.job_id)
                 result = _error(job, f"internal evaluation error: {type(exc).__name__}: {exc}")
-            future.set_result(result)
+            if not future.done():
+                future.set_result(result)
 
 
 class RayPool(_QueuedPool):

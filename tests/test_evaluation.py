@@ -222,8 +222,8 @@ def kill_candidate(job: EvalJob) -> None:
 
 
 def open_fifo(job: EvalJob) -> None:
-    """Unblock a parent stuck opening a FIFO the candidate planted: be its writer, write junk, close."""
-    for fifo in glob.glob(f"/tmp/job-{job.job_id}-*/cand/cand_trial_*.pt"):
+    """Unblock a harness stuck opening a FIFO the candidate planted: be its writer, write junk, close."""
+    for fifo in glob.glob(f"/tmp/job-{job.job_id}-*/*/cand_trial_*.out"):
         try:
             fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         except OSError:
@@ -777,8 +777,9 @@ def test_reference_outputs_cannot_be_found_on_disk(jobs, past_rules):
 
 
 def test_links_from_the_candidate_directory_to_the_reference_are_not_followed(jobs, past_rules):
-    # cand_trial_i.pt -> ../ref/ref_trial_i.pt is valid in the parent's job directory: followed, the parent
-    # would compare the reference with itself (this slipped through before the harness read with O_NOFOLLOW).
+    # cand_trial_i.pt -> ../ref/ref_trial_i.pt was valid in the parent's job directory when the parent read
+    # the outputs: followed, it compared the reference with itself (this slipped through before the harness
+    # read with O_NOFOLLOW). The reference's process reads the links now, and must not follow them either.
     assert_rejected(jobs._evaluate("triton", "symlink_to_ref", Mode.VERIFY), "could not be read back", "elements outside")
 
 
@@ -809,7 +810,7 @@ def test_honest_triton_kernel_is_timed(jobs):
     assert result.eager_ms and result.compile_ms and result.runtime_ms > 0
     # Where the job's time went: every stage of both children, within the job's own duration.
     for step in ("reference: start", "reference: setup", "reference: ref_trials", "candidate: cand_load",
-                 "candidate: cand_trials", "compare trials", "candidate: cand_time", "end children"):
+                 "candidate: cand_trials", "reference: ref_compare", "candidate: cand_time", "end children"):
         assert step in result.steps_s, (step, result.steps_s)
     assert 0 < sum(result.steps_s.values()) <= result.duration_s
 
@@ -1103,3 +1104,32 @@ def test_broker_evaluates_a_workspace_with_links_in_kernels_on_the_snapshot_alon
         pool.close()
     assert_honest(result)
     assert "ignored the symbolic link kernels/host.py" in result.log_tail
+
+
+def test_the_pool_answers_a_job_before_its_processes_are_ended_and_ends_them_before_the_next(jobs, monkeypatch):
+    """Ending a job's processes (a CUDA context's teardown each, on a GPU) is off the caller's path:
+    the job's future is answered first. The worker ends them before it takes its next job, so
+    nothing of one job's runs beside the next one's timing."""
+    discard = isolation.Child.discard
+    events: list[str] = []
+
+    def slow_discard(child):
+        time.sleep(1.0)
+        discard(child)
+        events.append("ended")
+
+    monkeypatch.setattr(isolation.Child, "discard", slow_discard)
+    pool = LocalPool(["cpu"], baselines=jobs.baselines)
+    try:
+        snapshot = jobs.snapshot("triton", "honest")
+        first = pool.submit(make_job(snapshot, "triton", Mode.VERIFY))
+        second = pool.submit(make_job(snapshot, "triton", Mode.VERIFY))
+        result = first.result(timeout=300)
+        events.append("answered")
+        assert_honest(result)
+        assert "end children" not in result.steps_s
+        assert_honest(second.result(timeout=300))
+        events.append("second answered")
+    finally:
+        pool.close()
+    assert events[:4] == ["answered", "ended", "ended", "second answered"], events

@@ -1,6 +1,6 @@
-"""Denial of service against the trusted parent: after the runner saves trial 0's output, a forked
-helper replaces cand_trial_0.pt with a FIFO that nobody writes, so the parent's torch.load blocks
-forever on open(). The job must still be answered (an error), not hang."""
+"""Denial of service against the harness: after the runner writes trial 0's output, a forked helper
+replaces cand_trial_0.out with a FIFO that nobody writes, so a reader that opens it blocks forever on
+open(). The job must still be answered (an error), not hang."""
 
 import os
 from os import _exit, fork
@@ -16,7 +16,7 @@ def _cand_dir() -> Path:
     return Path("/job/cand")  # where the candidate sandbox binds its job directory
 
 
-_target = _cand_dir() / "cand_trial_0.pt"
+_target = _cand_dir() / "cand_trial_0.out"
 
 if fork() == 0:  # helper: not a Python thread of the candidate process, so no thread check sees it
     try:

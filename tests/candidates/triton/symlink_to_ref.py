@@ -1,9 +1,12 @@
-"""Makes the trusted parent read the reference as the candidate's answer: the runner saves each trial's
-output as <cand dir>/cand_trial_<i>.pt and the parent loads that path from its own side. Planting
-cand_trial_<i>.pt -> ../ref/ref_trial_<i>.pt (a relative link, valid in the parent's job directory)
-and creating ../ref here (the sandbox root is writable), the runner's save goes through the link into
-the sandbox's private ../ref, and the parent loads its real ref_trial_<i>.pt. Forward computes nothing.
-Must be incorrect."""
+"""Makes the harness read something of the reference's side as the candidate's answer: the runner
+writes each trial's outputs to <cand dir>/cand_trial_<i>.out, and the harness moves that file into
+the reference process's directory, where that process reads it. Planting cand_trial_<i>.out as a
+relative link (to ../ref/ref_trial_<i>.pt, where the reference's outputs were once saved, and to
+state_dict.pt, which sits in the reference's directory) and creating ../ref here (the sandbox root is
+writable), the runner's write goes through the link into the sandbox's private ../ref, and a reader
+that followed the link would read a file of the reference's. Forward computes nothing. Must be
+incorrect.
+"""
 
 import os
 from pathlib import Path
@@ -21,9 +24,9 @@ def _cand_dir() -> Path:
 _cand = _cand_dir()
 (_cand.parent / "ref").mkdir(exist_ok=True)
 for _i in range(16):
-    _link = _cand / f"cand_trial_{_i}.pt"
+    _link = _cand / f"cand_trial_{_i}.out"
     if not _link.exists():
-        os.symlink(f"../ref/ref_trial_{_i}.pt", _link)
+        os.symlink(f"../ref/ref_trial_{_i}.pt" if _i % 2 else "state_dict.pt", _link)
 
 
 class ModelNew(nn.Module):
