@@ -121,3 +121,22 @@ def test_an_unreadable_candidate_file_is_reported_not_raised(tmp_path):
     os.symlink("/dev/zero", tmp_path / "1.out")
     answer = runner.cmd_ref_compare({"trial": 1, "file": str(tmp_path / "1.out"), "atol": 1e-2, "rtol": 1e-2})
     assert "unreadable" in answer and not os.path.lexists(tmp_path / "1.out")
+
+
+def test_a_comparison_that_runs_out_of_device_memory_is_done_again_on_the_host(tmp_path, monkeypatch):
+    ref = torch.randn(32)
+    runner = _reference({0: (False, [ref])})
+    write_outputs(tmp_path / "0.out", False, [ref.clone()])
+    compare_outputs = runner_module.compare.compare_outputs
+    devices = []
+
+    def short_of_memory(trial, reference, candidate, atol, rtol):
+        devices.append(candidate.device)
+        if len(devices) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return compare_outputs(trial, reference, candidate, atol, rtol)
+
+    monkeypatch.setattr(runner_module.compare, "compare_outputs", short_of_memory)
+    answer = runner.cmd_ref_compare({"trial": 0, "file": str(tmp_path / "0.out"), "atol": 1e-2, "rtol": 1e-2})
+    assert answer["report"]["correct"] and len(devices) == 2 and devices[1].type == "cpu"
+    assert not (tmp_path / "0.out").exists()
