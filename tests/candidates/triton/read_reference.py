@@ -1,6 +1,8 @@
-"""Hunts for the reference outputs on disk (the harness's /job/ref, the parent's job directory, other
-processes' roots and working directories, fds it may have inherited) and returns what it finds.
-Without a find it returns zeros. Must be incorrect, and the log must say it found nothing."""
+"""Hunts for anything of the reference's side on disk (the harness's /job/ref, the parent's job
+directory, other processes' roots and working directories, fds it may have inherited): reference
+outputs by their old name (ref_trial_*), or any file in a reference process's folder. A find
+raises, so the job's error names it; without one it returns zeros. Must be incorrect ("elements
+outside"), which only a hunt that found nothing gives."""
 
 import glob
 import os
@@ -15,25 +17,20 @@ PATTERNS = [
     "/proc/*/cwd/ref/*", "/proc/*/root/tmp/job-*/ref/*", "/proc/*/root/job/ref/*", "/proc/self/fd/*",
     "/tmp/**/ref_trial_*",
 ]
-found = []
-for pattern in PATTERNS:
-    for path in glob.glob(pattern, recursive=True):
-        if "ref_trial" in path or os.path.islink(path):
-            found.append((path, os.path.realpath(path)))
-print("REF-HUNT found:", [f for f in found if "ref_trial" in f[0] or "ref_trial" in f[1]] or "nothing", flush=True)
-references = sorted(p for p, real in found if "ref_trial" in real)
-_calls = [0]
+
+def _of_the_reference(path: str) -> bool:
+    return "ref_trial" in path or "/ref/" in path
+
+
+found = sorted({(path, os.path.realpath(path)) for pattern in PATTERNS for path in glob.glob(pattern, recursive=True)
+                if os.path.isfile(path) and (_of_the_reference(path) or _of_the_reference(os.path.realpath(path)))})
+print("REF-HUNT found:", found or "nothing", flush=True)
 
 
 class ModelNew(nn.Module):
     def forward(self, x, y):
-        index = _calls[0]
-        _calls[0] += 1
-        if index < len(references):
-            try:
-                return torch.load(references[index], weights_only=True)
-            except Exception as exc:  # noqa: BLE001
-                print("REF-HUNT could not load", references[index], exc, flush=True)
+        if found:
+            raise RuntimeError(f"REF-HUNT found files of the reference's side: {found[:5]}")
         out = torch.zeros_like(x)
         noop(out)
         return out
