@@ -1,8 +1,8 @@
 """Evaluation child process: runs either the reference task or a candidate, never both.
 
-Started by the trusted harness (``evaluators/harness.py``) inside an isolated process with
-``python -I -B runner.py reference|candidate``; it imports only torch (and Triton) and its
-sibling modules ``timing`` and ``guards``. Commands arrive as JSON lines on stdin (after a
+Forked by the fork server (``zygote.py``, which imported it with torch, Triton and its sibling
+modules ``timing``, ``guards`` and ``compare``) into an isolated process of its own, which runs
+``main("reference")`` or ``main("candidate")``. Commands arrive as JSON lines on stdin (after a
 first line holding the key of ``Channel``); answers go out, signed, on the file descriptor
 named by ``KE_REPLY_FD`` (stdout and stderr belong to the code under test and are only
 logged). The reference process keeps its trial outputs in its own memory (on the device)
@@ -37,10 +37,6 @@ import torch  # noqa: E402
 import compare  # noqa: E402
 import guards  # noqa: E402
 import timing  # noqa: E402
-
-if os.environ.get("KE_PRELOAD"):  # a spare (isolation.Spares): import and compile now what a job would wait for
-    guards.preload()
-    timing.preload()
 
 #: The largest trial output file the reference process reads.
 MAX_OUTPUT_FILE = 4 << 30
@@ -576,17 +572,29 @@ def _trimmed(stage: str, exc: BaseException, snapshot: Path | None) -> str:
     return f"{stage} raised {message}" + ("\n" + "\n".join(lines) if lines else "")
 
 
-def main() -> None:
-    role = sys.argv[1]
+def main(role: str) -> None:
     channel = Channel(bytes.fromhex(sys.stdin.readline().strip()))
     runner = Runner(channel)
-    prefix = "cmd_ref_" if role == "reference" else "cmd_cand_"
+    # The commands and the way to answer, bound before any code under test is imported: a class
+    # method the candidate replaces later (Runner.cmd_cand_integrity, Channel.reply) is not the
+    # one that runs, and the integrity check, which still runs, names the replacement.
+    own = "cmd_ref_" if role == "reference" else "cmd_cand_"  # and the shared ones (setup)
+    commands = {name.removeprefix("cmd_"): fn for name, fn in vars(Runner).items()
+                if name.startswith(own) or (name.startswith("cmd_") and not name.startswith(("cmd_ref_", "cmd_cand_")))}
+    settle, reply, trimmed = Runner.settle, channel.reply, _trimmed
     for line in sys.stdin:
         req = json.loads(line)
         cmd = req.pop("cmd")
-        handler = getattr(runner, prefix + cmd, None) or getattr(runner, f"cmd_{cmd}", None)
+        handler = commands.get(cmd)
         try:
             if handler is None:
+                raise ValueError(f"unknown command {cmd}")
+            answer = handler(runner, req)
+            settle(runner)
+            reply(ok=True, **answer)
+        except BaseException as exc:  # the child's job is to report, the parent decides
+            reply(ok=False, error=trimmed(cmd, exc, None), kind=type(exc).__name__)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise ValueError(f"unknown command {cmd}")
             answer = handler(req)
             runner.settle()
@@ -595,7 +603,3 @@ def main() -> None:
             channel.reply(ok=False, error=_trimmed(cmd, exc, None), kind=type(exc).__name__)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-
-
-if __name__ == "__main__":
-    main()

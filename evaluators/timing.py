@@ -107,10 +107,11 @@ if triton is not None:
 def preload() -> None:
     """Make the harness's two kernels (the launch cover and the end mark) ready to launch on this
     process's GPU: compiled, loaded, and their launchers built (a C compile each), so the first
-    bench a job makes finds them ready. For a spare (isolation.Spares), before any job or
-    candidate code: on an H100 machine the compiles took 1.5-1.7 s in a fresh process and the
-    launchers alone 0.5 s in a spare. It makes the process's CUDA context (about 0.5 GB of the
-    GPU's memory per spare); a failure here is the bench's to meet and report later."""
+    bench a job makes finds them ready. The fork server (zygote.py) runs it once in a child of
+    its own to fill the Triton cache every child gets a copy of (the compiles took 1.5-1.7 s and
+    the launchers 0.5 s on an H100 machine); a spare (isolation.Spares) runs it before any job or
+    candidate code, and then only loads them. It makes the process's CUDA context (about 0.5 GB
+    of the GPU's memory per spare); a failure here is the bench's to meet and report later."""
     if triton is None or not os.environ.get("CUDA_VISIBLE_DEVICES") or not torch.cuda.is_available():
         return
     try:

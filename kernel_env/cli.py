@@ -349,6 +349,8 @@ def _gather_facts() -> dict[str, Any]:
     else:
         facts["cgroup"] = {"available": False, "version": None}
 
+    facts["evaluation_children"] = _evaluation_children()
+
     venv_bin = str(Path(sys.executable).parent)
     search_path = venv_bin + os.pathsep + os.environ.get("PATH", "")
     ninja = shutil.which("ninja", path=search_path)
@@ -361,6 +363,23 @@ def _gather_facts() -> dict[str, Any]:
     docker_engine = _run_quiet(["docker", "info", "--format", "{{.ServerVersion}}"], timeout=5) if docker_client else None
     facts["docker"] = {"client": docker_client, "engine": docker_engine or None}
     return facts
+
+
+def _evaluation_children() -> dict[str, Any]:
+    """Whether an evaluation child can be forked and answer here (its fork server started, isolated or not)."""
+    from kernel_env.evaluators.isolation import Child, ChildError
+
+    try:
+        child = Child.spawn("reference", env={"CUDA_VISIBLE_DEVICES": ""}, gpu=False, label="doctor")
+        try:
+            answer, _ = child.call("setup", 120, device="cpu", out_dir=child.path("/job/ref"), task_code="")
+        finally:
+            child.discard()
+    except (ChildError, OSError) as exc:
+        return {"works": False, "isolated": None, "problem": str(exc).splitlines()[0]}
+    if not answer.get("ok"):
+        return {"works": False, "isolated": child.isolated, "problem": str(answer.get("error"))}
+    return {"works": True, "isolated": child.isolated, "problem": None}
 
 
 def _interpret(f: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -399,6 +418,12 @@ def _interpret(f: dict[str, Any]) -> tuple[list[str], list[str]]:
     else:
         meaning.append(f"the local sandbox is NOT isolated: {bwrap['problem']}. Agent commands would run on this host "
                        "with resource limits only; do not run untrusted agents here.")
+    children = f["evaluation_children"]
+    if not children["works"]:
+        missing.append(f"evaluation children: {children['problem']}")
+    elif not children["isolated"]:
+        meaning.append("evaluation children (the trusted harness's reference and candidate processes) are NOT "
+                       "isolated without bubblewrap: do not evaluate untrusted solutions here.")
     limits = Limits()
     if cgroup["available"]:
         meaning.append(f"a cgroup ({cgroup['version']}) caps each sandbox as a whole: {limits.processes} processes, "
@@ -434,6 +459,8 @@ def _render_doctor(f: dict[str, Any], meaning: list[str], missing: list[str]) ->
         ("g++", bool(f["g++"]["version"]), f["g++"]["version"] or "not found"),
         ("ninja", bool(f["ninja"]["version"]), f["ninja"]["version"] or "not found"),
         ("bubblewrap", f["bubblewrap"]["works"], f"{f['bubblewrap']['version']}, works" if f["bubblewrap"]["works"] else (f["bubblewrap"]["problem"] or "")),
+        ("evaluation", f["evaluation_children"]["works"], ("children fork and answer" + ("" if f["evaluation_children"]["isolated"] else ", NOT isolated"))
+         if f["evaluation_children"]["works"] else f["evaluation_children"]["problem"]),
         ("cgroup", f["cgroup"]["available"] or None, f"{f['cgroup']['version']}, sandboxes get one" if f["cgroup"]["available"] else "cannot create one here"),
         ("ripgrep", bool(f["ripgrep"]["version"]) or None, f["ripgrep"]["version"] or "not found"),
         ("docker", bool(f["docker"]["engine"]) or None, f"engine {f['docker']['engine']}" if f["docker"]["engine"] else (f"{f['docker']['client']} (client only, no engine reachable)" if f["docker"]["client"] else "not installed")),

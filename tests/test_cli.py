@@ -113,9 +113,11 @@ def test_doctor_json_reports_the_machine_and_what_it_means():
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     facts = report["facts"]
-    assert {"python", "torch", "triton", "nvidia_smi", "nvcc", "bubblewrap", "cgroup", "ninja", "g++", "ripgrep", "docker"} <= set(facts)
+    assert {"python", "torch", "triton", "nvidia_smi", "nvcc", "bubblewrap", "evaluation_children", "cgroup", "ninja", "g++",
+            "ripgrep", "docker"} <= set(facts)
     assert facts["python"]["version"] == sys.version.split()[0]
     assert facts["bubblewrap"]["works"] == (bubblewrap_problem() is None)
+    assert facts["evaluation_children"] == {"works": True, "isolated": bubblewrap_problem() is None, "problem": None}
     assert report["ok"] is True and report["missing"] == []
     gpu_line = report["meaning"][0]
     if facts["torch"]["gpus"]:
@@ -128,7 +130,7 @@ def test_doctor_json_reports_the_machine_and_what_it_means():
 def test_doctor_prints_a_table_and_its_meaning():
     result = runner.invoke(app, ["doctor"])
     assert result.exit_code == 0, result.output
-    for word in ("python", "torch", "nvcc", "bubblewrap", "ripgrep", "What this means"):
+    for word in ("python", "torch", "nvcc", "bubblewrap", "evaluation", "ripgrep", "What this means"):
         assert word in result.stdout
 
 

@@ -760,6 +760,8 @@ def past_rules(jobs, monkeypatch):
 @pytest.mark.parametrize(("name", "reason"), [
     ("custom_op_named_like_aten", "kernels::clone"),
     ("runner_instance_forged", "runner._audited_call was replaced"),
+    ("runner_patched", "runner.Runner._audited_call was replaced"),
+    ("runner_patched_evasive", "runner.Runner._audited_call was replaced"),
     ("map2_elementwise", "handed to Python or numpy"),
 ])
 def test_what_the_source_rules_refuse_is_also_seen_at_run_time(jobs, past_rules, name, reason):

@@ -187,8 +187,8 @@ def _cpu_ticks(child: Child) -> int:
 
 
 def test_spares_make_no_progress_while_a_timing_run_lasts():
-    """A spare is importing torch when a timing run starts: it is stopped (cgroup freezer or SIGSTOP)
-    until the run is over, so the run has the processor."""
+    """A spare busy when a timing run starts (here: running a task whose import spins for seconds)
+    is stopped (cgroup freezer or SIGSTOP) until the run is over, so the run has the processor."""
     spares = Spares(depth=1)
     try:
         spares.prepare("reference", env={}, gpu=False)
@@ -196,12 +196,19 @@ def test_spares_make_no_progress_while_a_timing_run_lasts():
         child = waiting.result(timeout=60)
         if child._namespace is None:
             pytest.skip("no bubblewrap here: a child has no pid namespace to stop")
+        busy = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end:\n    pass\n"
+        answered = threading.Event()
+        worker = threading.Thread(target=lambda: (child.call("setup", 120, device="cpu", out_dir=child.path("/job/ref"),
+                                                             task_code=busy), answered.set()))
+        worker.start()
+        time.sleep(0.5)
+        assert _cpu_ticks(child) > 0, "the spare was not busy"
         with spares.paused():
             before = _cpu_ticks(child)
             time.sleep(0.5)
             assert _cpu_ticks(child) == before
-        child.call("setup", 120, device="cpu", out_dir=child.path("/job/ref"),
-                   task_code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10"))  # and runs on after
+        assert answered.wait(60), "the thawed spare did not run on"
+        worker.join(5)
     finally:
         spares.close()
 

@@ -108,9 +108,16 @@ def python_prefixes() -> list[str]:
             if prefix != "/usr" and not prefix.startswith(("/usr/", "/opt/"))]
 
 
-def base_argv(state_dir: Path, *, network: bool = False, new_session: bool = True, extra_ro_binds: tuple[str, ...] = ()) -> list[str]:
-    """bwrap options for an unprivileged, offline view of the toolchain; callers add their own binds."""
-    argv = [shutil.which("bwrap") or "bwrap", "--die-with-parent"]
+def base_argv(state_dir: Path, *, network: bool = False, new_session: bool = True, extra_ro_binds: tuple[str, ...] = (),
+              host_proc: bool = False, die_with_parent: bool = True) -> list[str]:
+    """bwrap options for an unprivileged, offline view of the toolchain; callers add their own binds.
+
+    ``host_proc``: the host's /proc rather than one of the sandbox's pid namespace, for a
+    sandbox whose processes mount their own in namespaces they create (evaluators/zygote.py);
+    never for one that runs untrusted code."""
+    argv = [shutil.which("bwrap") or "bwrap"]
+    if die_with_parent:
+        argv.append("--die-with-parent")
     if new_session:
         argv.append("--new-session")
     argv += [
@@ -127,7 +134,8 @@ def base_argv(state_dir: Path, *, network: bool = False, new_session: bool = Tru
     argv += ["--ro-bind", str(state_dir / "passwd"), "/etc/passwd", "--ro-bind", str(state_dir / "group"), "/etc/group"]
     # The private /tmp first: binds below may live under /tmp (a venv in a checkout under /tmp, as
     # in CI), and a tmpfs mounted after them would hide them.
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home"]
+    argv += ["--bind", "/proc", "/proc"] if host_proc else ["--proc", "/proc"]
+    argv += ["--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home"]
     for prefix in python_prefixes():
         argv += ["--ro-bind", prefix, prefix]
     for extra in extra_ro_binds:

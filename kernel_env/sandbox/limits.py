@@ -29,18 +29,24 @@ class Limits:
     file_size_bytes: int = 2 * _GIB
     open_files: int = 4096
 
+    def rlimits(self) -> dict[str, int]:
+        """The per-process limits by ``resource`` name, each at most this process's hard limit."""
+        limits = {}
+        for name, value in (
+            ("RLIMIT_AS", self.address_space_bytes),
+            ("RLIMIT_NPROC", self.processes),
+            ("RLIMIT_FSIZE", self.file_size_bytes),
+            ("RLIMIT_NOFILE", self.open_files),
+            ("RLIMIT_CORE", 0),
+        ):
+            _, hard = resource.getrlimit(getattr(resource, name))
+            limits[name] = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        return limits
+
     def apply_rlimits(self) -> None:
         """Set the per-process limits on the calling process (used as a preexec hook)."""
-        for which, value in (
-            (resource.RLIMIT_AS, self.address_space_bytes),
-            (resource.RLIMIT_NPROC, self.processes),
-            (resource.RLIMIT_FSIZE, self.file_size_bytes),
-            (resource.RLIMIT_NOFILE, self.open_files),
-            (resource.RLIMIT_CORE, 0),
-        ):
-            soft, hard = resource.getrlimit(which)
-            new = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(which, (new, new))
+        for name, value in self.rlimits().items():
+            resource.setrlimit(getattr(resource, name), (value, value))
 
 
 class Cgroup:
@@ -100,8 +106,12 @@ class Cgroup:
 
     def enter(self) -> None:
         """Move the calling process into the cgroup (used as a preexec hook)."""
+        self.add(0)
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (0: the calling one) into the cgroup; its children are born in it."""
         for directory in self.dirs:
-            (directory / "cgroup.procs").write_text("0")
+            (directory / "cgroup.procs").write_text(str(pid))
 
     def pids(self) -> list[int]:
         found: set[int] = set()

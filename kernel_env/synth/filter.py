@@ -159,22 +159,20 @@ def screen(code: str, task_id: str, settings: FilterSettings, *, device: str = "
     started = time.monotonic()
     gate = gate or DeviceLease()
     result = Screening(task_id=task_id, kept=False)
-    job_dir = Path(tempfile.mkdtemp(prefix="synth-screen-"))
-    (job_dir / "ref").mkdir()
     gpu = device.startswith("cuda")
     env = {"CUDA_VISIBLE_DEVICES": device.split(":")[1] if gpu else ""}
     if settings.compile_threads:
         env["TORCHINDUCTOR_COMPILE_THREADS"] = str(settings.compile_threads)
-    rw_binds = {"/job/ref": job_dir / "ref"}
+    shared = {}
     if cache_dir is not None:
         cache_dir = cache_dir.resolve()  # bubblewrap binds need absolute paths
         cache_dir.mkdir(parents=True, exist_ok=True)
-        rw_binds["/job/cache"] = cache_dir
+        shared["/job/cache"] = cache_dir
         inside = "/job/cache" if bubblewrap_problem() is None else str(cache_dir)
         env |= {"TORCHINDUCTOR_CACHE_DIR": f"{inside}/inductor", "TRITON_CACHE_DIR": f"{inside}/triton"}
     child = None
     try:
-        child = Child("reference", job_dir, ro_binds={}, rw_binds=rw_binds, env=env, gpu=gpu)
+        child = Child.spawn("reference", env=env, gpu=gpu, label="synth-screen", shared=shared)
         if on_child is not None:
             on_child(child)
         if canary:
@@ -187,8 +185,7 @@ def screen(code: str, task_id: str, settings: FilterSettings, *, device: str = "
         pass
     finally:
         if child is not None:
-            child.close()
-        shutil.rmtree(job_dir, ignore_errors=True)
+            child.discard()
         result.seconds = round(time.monotonic() - started, 3)
     return result
 
@@ -217,7 +214,7 @@ def _judge(child: Child, code: str, s: FilterSettings, gate: DeviceLease, result
                      out_dir=child.path("/job/ref"), task_code=code)
         result.device_name = setup["device_name"]
         _ask(child, "ref_init", "building Model(*get_init_inputs())", timeout, result, init_seed=_INIT_SEED)
-        facts = _ask(child, "screen", "running Model.forward", timeout, result, seeds=list(_INPUT_SEEDS))
+        facts = _ask(child, "ref_screen", "running Model.forward", timeout, result, seeds=list(_INPUT_SEEDS))
     if facts["non_tensor_outputs"]:
         result.reasons.append(f"Model.forward returns {', '.join(facts['non_tensor_outputs'])}, not tensors")
         raise _Rejected
@@ -249,7 +246,7 @@ def _judge(child: Child, code: str, s: FilterSettings, gate: DeviceLease, result
     # Outside the gate: compiling is CPU work that lasts seconds to minutes, and a timer waiting
     # for it would hold every other screening back (a convoy). Its two short runs on the device
     # may overlap another task's timing, which its median of ten calls absorbs.
-    compiled = _ask(child, "screen", "running torch.compile(Model)", s.compile_timeout_s, result,
+    compiled = _ask(child, "ref_screen", "running torch.compile(Model)", s.compile_timeout_s, result,
                     seeds=list(_INPUT_SEEDS), compile=True)
     allowed = s.atol + s.rtol * compiled["scale"]
     if compiled["compile_max_diff"] > allowed:

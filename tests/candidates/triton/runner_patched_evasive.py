@@ -1,4 +1,4 @@
-"""Rewrites the runner (it runs as __main__, which no integrity snapshot covers), reached through
+"""Rewrites the runner (its module, found in the module table), reached through
 `from sys import modules`: the audited call reports no torch ops and one Triton launch, the
 integrity check reports nothing, and timed calls report a hundredth of their time. Pure torch
 inside, no Triton at all. Must break the rules (and never be timed as faster than it is)."""
@@ -7,8 +7,8 @@ import torch
 import torch.nn as nn
 from sys import modules as _loaded
 
-_Runner = _loaded["__main__"].Runner
-_Runner._audited_call = lambda self, inputs: (self.model(*inputs), {"torch_ops": {}, "triton_launches": 1})
+_Runner = _loaded["runner"].Runner
+_Runner._audited_call = lambda self, inputs, bench: (self.model(*inputs), {"torch_ops": {}, "triton_launches": 1})
 _Runner.cmd_cand_integrity = lambda self, req: {"changes": [], "new_threads": []}
 _true_time = _Runner._time
 

@@ -1,11 +1,10 @@
 """Makes the harness read something of the reference's side as the candidate's answer: the runner
 writes each trial's outputs to <cand dir>/cand_trial_<i>.out, and the harness moves that file into
 the reference process's directory, where that process reads it. Planting cand_trial_<i>.out as a
-relative link (to ../ref/ref_trial_<i>.pt, where the reference's outputs were once saved, and to
-state_dict.pt, which sits in the reference's directory) and creating ../ref here (the sandbox root is
-writable), the runner's write goes through the link into the sandbox's private ../ref, and a reader
-that followed the link would read a file of the reference's. Forward computes nothing. Must be
-incorrect.
+relative link to state_dict.pt or init_inputs.pt (the candidate's directory holds copies of both,
+so the runner's write goes through the link into the copy; the reference's directory holds the
+originals), a reader that followed the moved link would read a file of the reference's. Forward
+computes nothing. Must be incorrect.
 """
 
 import os
@@ -22,11 +21,10 @@ def _cand_dir() -> Path:
 
 
 _cand = _cand_dir()
-(_cand.parent / "ref").mkdir(exist_ok=True)
 for _i in range(16):
     _link = _cand / f"cand_trial_{_i}.out"
     if not _link.exists():
-        os.symlink(f"../ref/ref_trial_{_i}.pt" if _i % 2 else "state_dict.pt", _link)
+        os.symlink("init_inputs.pt" if _i % 2 else "state_dict.pt", _link)
 
 
 class ModelNew(nn.Module):
