@@ -177,11 +177,11 @@ def _run_child(req: dict, fds: dict[str, int], isolated: bool) -> None:
     """Become the evaluation child and run the runner; never returns."""
     code = 1
     try:
-        if isolated:
-            _enter_child_proc()
         os.setsid()
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        _child_descriptors(fds)
+        _child_descriptors(fds)  # first: from here on, what goes wrong is in the child's log
+        if isolated:
+            _enter_child_proc()
         for name, value in req["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (value, value))
         if isolated:
@@ -191,7 +191,6 @@ def _run_child(req: dict, fds: dict[str, int], isolated: bool) -> None:
         os.environ.update(req["env"], KE_REPLY_FD=str(_REPLY_FD), KE_MARK_FD=str(_MARK_FD))
         os.chdir(req["cwd"])
         sys.stdin = open(0, encoding="utf-8", closefd=False)
-        sys.argv = [runner.__file__, req["role"]]
         if req.get("preload"):  # a spare: its CUDA context and the harness's kernels, before any job
             timing.preload()
         runner.main(req["role"])
