@@ -112,8 +112,9 @@ class LocalPool(_QueuedPool):
 
     A GPU runs up to ``jobs_per_gpu`` jobs at once (``default_jobs_per_gpu()``): their untimed
     steps side by side and each timing run alone, under the GPU's ``DeviceLease``
-    (evaluators/sharing.py). The CPU device runs one job at a time: there a job's untimed steps
-    would take the processor from another's timing."""
+    (evaluators/sharing.py). A job that runs out of device memory beside others is run again
+    with the GPU to itself before it is answered (``_evaluate``). The CPU device runs one job at
+    a time: there a job's untimed steps would take the processor from another's timing."""
 
     _no_gpu_message = "this pool has no GPU: the job asks for device cuda (use --device cpu for cpp or triton)"
 
@@ -124,7 +125,12 @@ class LocalPool(_QueuedPool):
         self.baselines = baselines or BaselineCache()
         self.reward_kind = reward_kind
         self.jobs_per_gpu = jobs_per_gpu or default_jobs_per_gpu()
-        leases = {d: DeviceLease() for d in self.devices if d.startswith("cuda") and self.jobs_per_gpu > 1}
+        #: The shared GPUs' leases, by device (``DeviceLease.account()``: how each GPU's time went).
+        self.leases = leases = {d: DeviceLease() for d in self.devices if d.startswith("cuda") and self.jobs_per_gpu > 1}
+        # Held as a sharer (untimed) by every job on a shared GPU for the whole job, alone (timing) by
+        # a job run again after running out of device memory: only then is the memory free of the
+        # other jobs' processes (a timing run does not free what a waiting process holds).
+        self._occupancy = {d: DeviceLease() for d in leases}
         if leases:
             reserve_spares(self.jobs_per_gpu)
         for device in self.devices:
@@ -150,14 +156,41 @@ class LocalPool(_QueuedPool):
                 continue
             wanted_cuda = job.device == "cuda"
             run_on = device if wanted_cuda == device.startswith("cuda") else "cpu"
-            try:  # answered as soon as the result is complete; the job's processes end after that
-                result = evaluate(job, device=run_on, baselines=self.baselines, reward_kind=self.reward_kind, lease=lease,
-                                  answer=future.set_result)
+            try:
+                result = self._evaluate(job, run_on, device, lease, future)
             except Exception as exc:  # a harness bug must still answer the job
                 log.exception("evaluation of %s failed", job.job_id)
                 result = _error(job, f"internal evaluation error: {type(exc).__name__}: {exc}")
             if not future.done():
                 future.set_result(result)
+
+    def _evaluate(self, job: EvalJob, run_on: str, device: str, lease: DeviceLease | None, future: Future) -> EvalResult:
+        """Evaluate the job, answering as soon as the result is complete (its processes end after
+        that). On a shared GPU, a job that ran out of device memory is not answered but run again
+        with the GPU to itself: the other jobs' memory may have been what it lacked, and an honest
+        kernel must not be judged wrong for that. What the second run says is the answer."""
+        options = {"device": run_on, "baselines": self.baselines, "reward_kind": self.reward_kind}
+        if lease is None:
+            return evaluate(job, **options, answer=future.set_result)
+        occupancy = self._occupancy[device]
+
+        def answer(result: EvalResult) -> None:
+            if not _short_of_device_memory(result):
+                future.set_result(result)
+
+        with occupancy.untimed():
+            result = evaluate(job, **options, lease=lease, answer=answer)
+        if not _short_of_device_memory(result):
+            return result
+        log.info("job %s ran out of device memory beside other jobs; running it again with %s to itself", job.job_id, device)
+        shared_run_s = result.duration_s or 0.0
+
+        def answer_alone(result: EvalResult) -> None:
+            result.steps_s[SHORT_OF_MEMORY_STEP] = shared_run_s
+            future.set_result(result)
+
+        with occupancy.timing():  # every other job on the device has ended; none starts until this one has
+            return evaluate(job, **options, answer=answer_alone)
 
 
 class RayPool(_QueuedPool):
@@ -241,6 +274,16 @@ def _unwrap(job: EvalJob, done) -> EvalResult:
     except Exception as exc:  # noqa: BLE001 - the worker died twice, or the cluster failed
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return _error(job, f"the Ray worker running this job died twice ({type(exc).__name__}: {message})")
+
+
+#: The step a job run again alone reports its first run under (its seconds), in ``EvalResult.steps_s``.
+SHORT_OF_MEMORY_STEP = "run beside other jobs, short of device memory"
+
+
+def _short_of_device_memory(result: EvalResult) -> bool:
+    """Whether the job failed for want of device memory (torch's OutOfMemoryError, CUDA's
+    cudaErrorMemoryAllocation: both say "out of memory")."""
+    return result.device == "cuda" and "out of memory" in (result.error or "").lower()
 
 
 def _error(job: EvalJob, message: str) -> EvalResult:

@@ -5,6 +5,7 @@ reward 3 on diag(A) @ B, and a patched timer."""
 from __future__ import annotations
 
 import importlib.util
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from kernel_env.episode import Episode, run_solution
 from kernel_env.evaluators.records import EvalSettings, Mode
+from kernel_env.pool import SHORT_OF_MEMORY_STEP
 from kernel_env.resources import example_dir
 from kernel_env.tasks import Task, resolve_task
 
@@ -222,6 +224,19 @@ def test_an_honest_audited_call_on_a_device_shared_with_another_process_is_not_a
     assert sum(late > 2.0 for late in events_late) >= 1, sorted(events_late)[-5:]
     assert max(honest) <= 0, sorted(honest)[-5:]
     assert sum(value > 0 for value in caught) >= 27, sorted(caught)
+
+
+def test_a_job_short_of_device_memory_beside_another_is_run_again_alone(pool, tmp_path):
+    """Two honest candidates that each hold 55 % of the device's memory, evaluated at once on the
+    shared pool: beside each other one of them runs out, and the pool runs it again with the GPU
+    to itself rather than judging it wrong."""
+    if pool.jobs_per_gpu < 2:
+        pytest.skip("the pool runs one job per GPU (KERNEL_ENV_JOBS_PER_GPU=1)")
+    solution = _triton_solution(tmp_path, "memory_hog")
+    with ThreadPoolExecutor(2) as jobs:
+        results = list(jobs.map(lambda _: _evaluate(pool, RELU_ADD_1M, solution, mode=Mode.PROFILE), range(2)))
+    assert all(r.correct and r.error is None for r in results), [r.summary() for r in results]
+    assert sum(SHORT_OF_MEMORY_STEP in r.steps_s for r in results) == 1, [r.steps_s for r in results]
 
 
 def test_diag_matmul_row_scaling_reaches_reward_3(pool, tmp_path):

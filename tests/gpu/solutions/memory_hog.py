@@ -1,0 +1,27 @@
+"""relu(x + y), honest, with a workspace of 55 % of the device's memory held from construction on:
+two of these cannot run beside each other on one GPU, either can alone."""
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, tl.where(v < 0, 0.0, v), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        _, total = torch.cuda.mem_get_info()
+        self.workspace = torch.empty(int(total * 0.55) // 4, dtype=torch.float32, device="cuda")
+
+    def forward(self, x, y):
+        out = torch.empty_like(x)
+        kernel[(triton.cdiv(x.numel(), 4096),)](x, y, out, x.numel(), BLOCK=4096, num_warps=8)
+        return out
