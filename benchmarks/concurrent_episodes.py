@@ -17,6 +17,10 @@ and the Finish step (waiting for the pool, then the final evaluation). Per run i
   that a job was running (1.0: the device never waited for work while there was some);
 - on a GPU, the device's own busy fraction over that same time: NVML's ``utilization.gpu``
   (share of time any kernel ran), sampled by nvidia-smi every 50 ms, an independent account;
+- on a shared GPU, how the device's lease spent the run (``DeviceLease.account()``): a timing run
+  holding it, a timing run waiting for untimed steps to end ("draining"), untimed steps only, idle;
+- the share of the machine's processors in use (``/proc/stat``), and where the final evaluations'
+  time went on average (``EvalResult.steps_s``, "waiting for the device" included);
 - the memory of the whole process tree (sandboxes, servers and evaluation children are child
   processes): the peak of the sum of their resident sizes, an upper bound (shared pages, such as
   torch's libraries, count in each).
@@ -27,6 +31,8 @@ and the Finish step (waiting for the pool, then the final evaluation). Per run i
 ``--jobs-per-gpu 1,4`` runs each count with one job per GPU at a time (the schedule before jobs
 shared a GPU) and with four (evaluators/sharing.py), in the same process. ``--elements`` sets the
 task's size (``--elements 67108864``: a ~270 us kernel on an H100, against ~20 us at 4M).
+``--matmul N`` plays the same policy on another task, an N x N float32 matmul with a tiled Triton
+solution (``tasks/matmul``): milliseconds of device work per call, so a job is mostly device work.
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ from kernel_env.tasks import Task
 from _gpu import GpuSampler  # benchmarks/_gpu.py and _memory.py: run as a script, this folder is on sys.path
 from _memory import TreeMemory
 
-SOLUTION = (example_dir() / "solutions" / "triton" / "model_new.py").read_text()
+HERE = Path(__file__).resolve().parent
+SOLUTION: str
 #: Per device: the task's size and the final evaluation's protocol.
 SETUPS = {
     "cpu": (1 << 12, EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, checked_timed_calls=5,
@@ -65,20 +72,30 @@ TASK: Task
 SETTINGS: EvalSettings
 
 
-def configure(device: str, elements: int | None = None) -> None:
-    global DEVICE, TASK, SETTINGS
+def configure(device: str, elements: int | None = None, matmul: int | None = None) -> None:
+    global DEVICE, TASK, SETTINGS, SOLUTION
     default, SETTINGS = SETUPS[device]
-    elements = elements or default
     DEVICE = device
+    if matmul:
+        SOLUTION = (HERE / "tasks" / "matmul" / "model_new.py").read_text()
+        TASK = Task(id=f"bench/matmul_{matmul}", name=f"matmul_{matmul}",
+                    code=(HERE / "tasks" / "matmul" / "task.py").read_text().replace("N = 4096", f"N = {matmul}"))
+        return
+    elements = elements or default
+    SOLUTION = (example_dir() / "solutions" / "triton" / "model_new.py").read_text()
     TASK = Task(id=f"bench/relu_add_{elements}", name=f"relu_add_{elements}",
                 code=(example_dir() / "task.py").read_text().replace("1 << 24", str(elements)))
-POLICY = [
-    {"name": "Bash", "arguments": {"command": "ls -la && head -n 5 SKILL.md"}},
-    {"name": "Read", "arguments": {"file_path": "model_new.py"}},
-    {"name": "Write", "arguments": {"file_path": "model_new.py", "content": SOLUTION}},
-    {"name": "Bash", "arguments": {"command": "bash utils/compile.sh"}},
-    {"name": "Finish", "arguments": {"summary": "one fused Triton kernel"}},
-]
+
+
+def policy() -> list[dict]:
+    """The scripted episode's actions, writing the configured task's solution."""
+    return [
+        {"name": "Bash", "arguments": {"command": "ls -la && head -n 5 SKILL.md"}},
+        {"name": "Read", "arguments": {"file_path": "model_new.py"}},
+        {"name": "Write", "arguments": {"file_path": "model_new.py", "content": SOLUTION}},
+        {"name": "Bash", "arguments": {"command": "bash utils/compile.sh"}},
+        {"name": "Finish", "arguments": {"summary": "one Triton kernel"}},
+    ]
 
 
 @dataclass
@@ -91,32 +108,34 @@ class EpisodeTimes:
     reward: float | None = None
     runtime_ms: float | None = None           # the final evaluation's times, so a reward that differs
     speedup_vs_compile: float | None = None   # between episodes of the same kernel says why
+    steps_s: dict[str, float] | None = None   # the final evaluation's own account
     error: str | None = None
 
 
 async def episode(index: int, pool: kernel_env.pool.GpuPool | None = None) -> EpisodeTimes:
     """One scripted episode; a failure is recorded, not raised (the benchmark counts errors)."""
-    times = EpisodeTimes()
-    env = kernel_env.make("KernelAgent-v0", task=TASK, language="triton", device=DEVICE, max_turns=len(POLICY) + 5,
+    times, actions = EpisodeTimes(), policy()
+    env = kernel_env.make("KernelAgent-v0", task=TASK, language="triton", device=DEVICE, max_turns=len(actions) + 5,
                           settings=SETTINGS, pool=pool)
     try:
         started = time.perf_counter()
         await env.areset()
         times.reset_s = time.perf_counter() - started
         started = time.perf_counter()
-        for action in POLICY[:-1]:
+        for action in actions[:-1]:
             _, _, terminated, truncated, info = await env.astep(action)
             problems = [r["output"][:200] for r in info["tool_results"] if r["is_error"]]
             if problems or terminated or truncated:
                 raise RuntimeError(f"episode {index}: step {action['name']} went wrong: {problems}")
         times.tools_s = time.perf_counter() - started
         started = time.perf_counter()
-        _, reward, terminated, _, info = await env.astep(POLICY[-1])
+        _, reward, terminated, _, info = await env.astep(actions[-1])
         times.finish_s = time.perf_counter() - started
         if not terminated:
             raise RuntimeError(f"episode {index}: Finish did not end the episode")
         times.correct, times.reward = bool(info["final"]["correct"]), reward
         times.evaluation_s = env.final.duration_s if env.final is not None else 0.0
+        times.steps_s = dict(env.final.steps_s) if env.final is not None else None
         times.runtime_ms = info["final"].get("runtime_ms")
         times.speedup_vs_compile = info["final"].get("speedup_vs_compile")
         if not times.correct and env.final is not None:  # why, in full: an honest kernel judged wrong is a bug
@@ -174,6 +193,21 @@ def _length(periods) -> float:
     return sum(end - begin for begin, end in periods)
 
 
+def _cpu_ticks() -> tuple[int, int]:
+    """The machine's processor time so far (busy, total), in clock ticks, from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle, iowait
+    return sum(values) - idle, sum(values)
+
+
+def _mean_steps(results: list[EpisodeTimes], top: int = 10) -> dict[str, float]:
+    """The final evaluations' steps, mean seconds per evaluation, largest first."""
+    accounts = [r.steps_s for r in results if r.steps_s]
+    names = {name for account in accounts for name in account}
+    means = {name: sum(a.get(name, 0.0) for a in accounts) / len(accounts) for name in names}
+    return {name: round(seconds, 3) for name, seconds in sorted(means.items(), key=lambda kv: -kv[1])[:top]}
+
+
 async def run(count: int, concurrency: int, jobs_per_gpu: int) -> dict:
     slots = asyncio.Semaphore(concurrency)
     evaluator = kernel_env.pool.LocalPool(jobs_per_gpu=jobs_per_gpu)
@@ -189,11 +223,18 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int) -> dict:
                   f"(evaluation {times.evaluation_s:.1f} s){', ' + times.error if times.error else ''}", flush=True)
         return times
 
+    leases = list(evaluator.leases.values())
     with TreeMemory() as memory, PoolMeter() as pool, GpuSampler(period_ms=50) as gpu:
+        cpu_before, accounts_before = _cpu_ticks(), [lease.account() for lease in leases]
         started = time.perf_counter()
         results = await asyncio.gather(*(limited(i) for i in range(count)))
         wall = time.perf_counter() - started
+        cpu_after, accounts_after = _cpu_ticks(), [lease.account() for lease in leases]
     evaluator.close()
+    lease_share = None
+    if leases:  # the first GPU's (the benchmark's episodes run on one)
+        spent = {state: accounts_after[0][state] - accounts_before[0][state] for state in accounts_after[0]}
+        lease_share = {state: round(seconds / max(sum(spent.values()), 1e-9), 3) for state, seconds in spent.items()}
     errors = [r.error for r in results if r.error or not r.correct]
     demand = pool.periods(running=False)
     busy = [s["utilization.gpu"] for begin, end in demand for s in gpu.samples_between(begin, end)] if DEVICE == "cuda" else []
@@ -203,7 +244,11 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int) -> dict:
         "jobs": len(pool.jobs), "jobs_waiting_or_running_s": round(_length(demand), 1),
         "pool_occupancy": round(_length(pool.periods(running=True)) / max(_length(demand), 1e-9), 3),
         "gpu_busy_fraction": round(statistics.fmean(busy) / 100, 3) if busy else None, "gpu_samples": len(busy),
+        "lease_share": lease_share,
+        "cpu_busy_fraction": round((cpu_after[0] - cpu_before[0]) / max(cpu_after[1] - cpu_before[1], 1), 3),
+        "evaluation_steps_s": _mean_steps(results),
         "errors": len(errors), "error_samples": sorted(set(e or "incorrect" for e in errors))[:3],
+        "run_again_alone": sum(1 for r in results if r.steps_s and kernel_env.pool.SHORT_OF_MEMORY_STEP in r.steps_s),
         "reset_s_mean": _mean(r.reset_s for r in results), "tools_s_mean": _mean(r.tools_s for r in results),
         "finish_s_mean": _mean(r.finish_s for r in results), "finish_s_max": round(max(r.finish_s for r in results), 2),
         "evaluation_s_total": round(sum(r.evaluation_s for r in results), 1),
@@ -228,9 +273,10 @@ def main() -> None:
                              "for every --episodes count, e.g. 1,4 (the CPU always runs one)")
     parser.add_argument("--elements", type=int, help="the task's size (default: 4M on a GPU, 4096 on the CPU); "
                         "a larger one makes each job more device work")
+    parser.add_argument("--matmul", type=int, metavar="N", help="an N x N float32 matmul instead of relu(x + y)")
     parser.add_argument("--json", type=Path, default=Path("concurrent_episodes.json"))
     args = parser.parse_args()
-    configure(args.device, args.elements)
+    configure(args.device, args.elements, args.matmul)
     counts = [int(c) for c in args.episodes.split(",")]
     sharing = [int(j) for j in args.jobs_per_gpu.split(",")] if args.device == "cuda" else [1]
 
@@ -268,6 +314,11 @@ def main() -> None:
     sequential = runs[0][1]["episodes_per_hour"]
     print(f"peak RSS of this process alone: {self_peak_mb} MB; throughput over sequential: "
           + ", ".join(f"{name} {row['episodes_per_hour'] / sequential:.2f}x" for name, row in runs[1:]))
+    for name, row in runs:
+        lease = ", ".join(f"{state} {share:.0%}" for state, share in (row["lease_share"] or {}).items()) or "-"
+        print(f"{name}: processors busy {row['cpu_busy_fraction']:.0%}; GPU lease: {lease}; "
+              f"jobs run again alone, short of device memory: {row['run_again_alone']}")
+        print("  final evaluation, mean s: " + ", ".join(f"{step} {s}" for step, s in row["evaluation_steps_s"].items()))
     for _, row in runs:
         for sample in row["error_samples"]:
             print(f"error: {sample}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
@@ -38,7 +39,10 @@ class DeviceLease:
     """Who may use one device now: any number of untimed steps, or one timing run.
 
     ``register``/``unregister`` keep the live children of every job on the device, so a timing
-    run can freeze the others' (``timing(own=...)`` leaves the caller's own children alone)."""
+    run can freeze the others' (``timing(own=...)`` leaves the caller's own children alone).
+    ``account()`` says how long the lease has spent in each of its states."""
+
+    STATES = ("timing", "draining", "untimed", "idle")
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
@@ -46,17 +50,37 @@ class DeviceLease:
         self._timing = False
         self._waiting = 0
         self._children: list[Freezable] = []
+        self._seconds = dict.fromkeys(self.STATES, 0.0)
+        self._since = time.monotonic()
+
+    def _tick(self) -> None:
+        """Charge the time since the last change to the state it was spent in (call under the lock,
+        before a change): "timing" (a timing run holds the device), "draining" (a timing run waits
+        for untimed steps to end, and no new one starts), "untimed" (untimed steps only), "idle"."""
+        now = time.monotonic()
+        state = ("timing" if self._timing else "draining" if self._waiting and self._untimed
+                 else "untimed" if self._untimed else "idle")
+        self._seconds[state] += now - self._since
+        self._since = now
+
+    def account(self) -> dict[str, float]:
+        """Seconds spent so far in each state (``STATES``), from the lease's creation."""
+        with self._cv:
+            self._tick()
+            return dict(self._seconds)
 
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
         """A step that measures nothing: it runs beside other jobs' untimed steps, never beside a timing run."""
         with self._cv:
             self._cv.wait_for(lambda: not self._timing and not self._waiting)
+            self._tick()
             self._untimed += 1
         try:
             yield
         finally:
             with self._cv:
+                self._tick()
                 self._untimed -= 1
                 self._cv.notify_all()
 
@@ -65,10 +89,12 @@ class DeviceLease:
         """A timing run: the device to itself, every other job's children frozen where possible."""
         mine = list(own)
         with self._cv:
+            self._tick()
             self._waiting += 1
             try:
                 self._cv.wait_for(lambda: not self._timing and self._untimed == 0)
             finally:
+                self._tick()
                 self._waiting -= 1
             self._timing = True
             others = [child for child in self._children if not any(child is m for m in mine)]
@@ -80,6 +106,7 @@ class DeviceLease:
             for child in frozen:
                 child.thaw()
             with self._cv:
+                self._tick()
                 self._timing = False
                 self._cv.notify_all()
 

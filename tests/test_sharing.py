@@ -9,11 +9,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from kernel_env.evaluators.harness import evaluate
 from kernel_env.evaluators.isolation import Child, Spares
-from kernel_env.evaluators.records import EvalJob, EvalSettings, Mode
+from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
 from kernel_env.evaluators.sharing import DeviceLease
+
+from kernel_env import pool as pool_module
 from kernel_env.resources import example_dir
 
 
@@ -64,19 +65,40 @@ def test_untimed_steps_run_together_and_a_timing_run_alone():
         assert not any(_overlap(run, other) for other in recorder.spans if other is not run), recorder.spans
 
 
-def test_a_waiting_timing_run_goes_before_untimed_steps_asked_for_later():
-    lease, order = DeviceLease(), []
+def _untimed_then_timing(lease: DeviceLease, order: list) -> list[threading.Thread]:
+    """An untimed step of 0.3 s, and 0.05 s into it a timing run of 0.05 s asking for the lease."""
     first = threading.Thread(target=lambda: _hold(lease.untimed(), 0.3, order, "first untimed"))
     first.start()
     time.sleep(0.05)
     timing = threading.Thread(target=lambda: _hold(lease.timing(), 0.05, order, "timing"))
     timing.start()
+    return [first, timing]
+
+
+def test_a_waiting_timing_run_goes_before_untimed_steps_asked_for_later():
+    lease, order = DeviceLease(), []
+    threads = _untimed_then_timing(lease, order)
     time.sleep(0.05)
     later = threading.Thread(target=lambda: _hold(lease.untimed(), 0.01, order, "later untimed"))
     later.start()
-    for thread in (first, timing, later):
+    for thread in (*threads, later):
         thread.join(5)
     assert order == ["first untimed", "timing", "later untimed"]
+
+
+def test_the_lease_accounts_for_its_time_by_state():
+    """0.3 s untimed, of which 0.25 s with a timing run waiting (draining), then 0.05 s timing, then idle."""
+    lease = DeviceLease()
+    for thread in _untimed_then_timing(lease, []):
+        thread.join(5)
+    time.sleep(0.1)
+    spent = lease.account()
+    assert set(spent) == set(DeviceLease.STATES)
+    assert 0.04 <= spent["untimed"] <= 0.1
+    assert 0.2 <= spent["draining"] <= 0.3
+    assert 0.045 <= spent["timing"] <= 0.1
+    assert spent["idle"] >= 0.1
+    assert lease.account()["idle"] >= spent["idle"]  # it goes on counting
 
 
 def _hold(context, seconds: float, order: list, name: str) -> None:
@@ -242,3 +264,39 @@ def _namespace_of(entry: str) -> str | None:
         return os.readlink(f"/proc/{entry}/ns/pid")
     except OSError:
         return None
+
+
+def test_a_job_short_of_device_memory_beside_others_is_run_again_alone(monkeypatch):
+    """The pool answers such a job with its second run, made while no other job is on the GPU."""
+    running, log, lock = set(), [], threading.Lock()
+
+    def fake_evaluate(job, *, device, lease=None, answer=None, **options):
+        with lock:
+            log.append((job.job_id, lease is not None, sorted(running)))
+            running.add(job.job_id)
+        time.sleep(0.2)
+        first_big = job.job_id == "big" and lease is not None
+        result = EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
+                            mode=job.mode, correct=not first_big, reward=-1.0 if first_big else 1.0,
+                            error="running ModelNew failed: torch.OutOfMemoryError: CUDA out of memory." if first_big else None)
+        if answer is not None:
+            answer(result)
+        with lock:
+            running.discard(job.job_id)
+        return result
+
+    monkeypatch.setattr(pool_module, "evaluate", fake_evaluate)
+    monkeypatch.setattr(pool_module, "reserve_spares", lambda per_role: None)
+    jobs = [EvalJob(job_id=name, task_id="t", task_code="", language="triton", device="cuda", mode=Mode.VERIFY,
+                    snapshot_dir=Path("/nonexistent")) for name in ("a", "big", "b", "c", "d")]
+    with pool_module.LocalPool(["cuda:0"], jobs_per_gpu=3) as pool:
+        futures = {job.job_id: pool.submit(job) for job in jobs}
+        results = {name: future.result(timeout=30) for name, future in futures.items()}
+    assert all(r.correct and r.reward == 1.0 and r.error is None for r in results.values()), results
+    assert [name for name, r in results.items() if pool_module.SHORT_OF_MEMORY_STEP in r.steps_s] == ["big"]
+    big = [entry for entry in log if entry[0] == "big"]
+    assert [shared for _, shared, _ in big] == [True, False]  # beside others first, then alone
+    assert big[1][2] == []  # nothing else ran when the second run began ...
+    started_after = log[log.index(big[1]) + 1:]
+    assert all("big" not in others for _, _, others in started_after)  # ... nor began beside it
+    assert any(others for _, _, others in log)  # the other jobs did share the GPU
