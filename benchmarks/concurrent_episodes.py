@@ -223,18 +223,16 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int) -> dict:
                   f"(evaluation {times.evaluation_s:.1f} s){', ' + times.error if times.error else ''}", flush=True)
         return times
 
-    leases = list(evaluator.leases.values())
+    lease = next(iter(evaluator.leases.values()), None)  # the first GPU's: the episodes run on cuda:0
     with TreeMemory() as memory, PoolMeter() as pool, GpuSampler(period_ms=50) as gpu:
-        cpu_before, accounts_before = _cpu_ticks(), [lease.account() for lease in leases]
+        cpu_before, lease_before = _cpu_ticks(), lease.account() if lease else {}
         started = time.perf_counter()
         results = await asyncio.gather(*(limited(i) for i in range(count)))
         wall = time.perf_counter() - started
-        cpu_after, accounts_after = _cpu_ticks(), [lease.account() for lease in leases]
+        cpu_after, lease_after = _cpu_ticks(), lease.account() if lease else {}
     evaluator.close()
-    lease_share = None
-    if leases:  # the first GPU's (the benchmark's episodes run on one)
-        spent = {state: accounts_after[0][state] - accounts_before[0][state] for state in accounts_after[0]}
-        lease_share = {state: round(seconds / max(sum(spent.values()), 1e-9), 3) for state, seconds in spent.items()}
+    spent = {state: seconds - lease_before[state] for state, seconds in lease_after.items()}
+    lease_share = {state: round(seconds / max(sum(spent.values()), 1e-9), 3) for state, seconds in spent.items()} or None
     errors = [r.error for r in results if r.error or not r.correct]
     demand = pool.periods(running=False)
     busy = [s["utilization.gpu"] for begin, end in demand for s in gpu.samples_between(begin, end)] if DEVICE == "cuda" else []
