@@ -4,7 +4,7 @@
 context made and the harness's Triton kernels loaded. Two ways, in the same run, with the same
 isolation (bubblewrap where it works):
 
-- fork server (``isolation.Child.spawn(..., preload=True)``, what the pool does now), timed to the
+- fork server (``children.Child.spawn(..., preload=True)``, what the pool does now), timed to the
   answer of its first command;
 - fresh interpreter (the peer, what a spare was before the fork server): bubblewrap starting
   ``python -I -B`` that imports the runner and its modules and readies the same kernels, timed
@@ -32,8 +32,13 @@ from pathlib import Path
 
 import torch
 
-from kernel_env.evaluators import isolation
-from kernel_env.sandbox.bwrap import base_argv, bubblewrap_problem, gpu_device_binds, python_executable
+from kernel_env.evaluators import children, forkserver
+from kernel_env.sandbox.bwrap import (
+    base_argv,
+    bubblewrap_problem,
+    gpu_device_binds,
+    python_executable,
+)
 
 _TICK = os.sysconf("SC_CLK_TCK")
 _IMPORTS = ("import sys; sys.path.insert(0, {dir!r}); import runner, guards, timing; "
@@ -53,12 +58,12 @@ def fresh_interpreters(count: int, device: str) -> tuple[float, float]:
     folder = Path(tempfile.mkdtemp(prefix="bench-fresh-"))
     if bubblewrap_problem() is None:
         argv = base_argv(folder, extra_ro_binds=()) + (gpu_device_binds() if gpu else [])
-        argv += ["--ro-bind", str(isolation.RUNNER_DIR), "/run/kernel_env/evaluators", "--clearenv"]
+        argv += ["--ro-bind", str(forkserver.CHILD_DIR), "/run/kernel_env/child", "--clearenv"]
         for key, value in env.items():
             argv += ["--setenv", key, value]
-        argv += [python, "-I", "-B", "-c", _IMPORTS.format(dir="/run/kernel_env/evaluators")]
+        argv += [python, "-I", "-B", "-c", _IMPORTS.format(dir="/run/kernel_env/child")]
     else:
-        argv = [python, "-I", "-B", "-c", _IMPORTS.format(dir=str(isolation.RUNNER_DIR))]
+        argv = [python, "-I", "-B", "-c", _IMPORTS.format(dir=str(forkserver.CHILD_DIR))]
     started = time.monotonic()
     procs = [subprocess.Popen(argv, env={**os.environ, **env} if bubblewrap_problem() else {"PATH": "/usr/bin:/bin"},
                               stdout=subprocess.PIPE, text=True) for _ in range(count)]
@@ -78,11 +83,11 @@ def _cpu_seconds(pid: int) -> float:
 
 def forked_children(count: int, device: str) -> tuple[float, float]:
     """``count`` children forked at once, each made ready as a spare is: (wall s, CPU s)."""
-    children: list[isolation.Child] = []
+    children: list[children.Child] = []
     lock = threading.Lock()
 
     def start() -> None:
-        child = isolation.Child.spawn("reference", env=_child_env(device), gpu=device == "cuda", label="bench",
+        child = children.Child.spawn("reference", env=_child_env(device), gpu=device == "cuda", label="bench",
                                       preload=True)
         child.call("setup", 300, device="cuda:0" if device == "cuda" else "cpu", out_dir=child.path("/job/ref"),
                    task_code="import torch\n")
@@ -114,7 +119,7 @@ def main() -> None:
     counts = [int(c) for c in args.counts.split(",")]
 
     started = time.monotonic()
-    isolation.zygote_for(_child_env(args.device), gpu=args.device == "cuda")
+    forkserver.zygote_for(_child_env(args.device), gpu=args.device == "cuda")
     server_start = time.monotonic() - started
     print(f"fork server started in {server_start:.1f} s (once per process and kind of child)", flush=True)
 
@@ -139,7 +144,7 @@ def main() -> None:
     args.json.write_text(json.dumps({"device": args.device, "device_name": device_name, "cpus": os.cpu_count(),
                                      "isolated": bubblewrap_problem() is None, "server_start_s": server_start,
                                      "rows": rows, "torch": torch.__version__}, indent=2))
-    isolation.close_zygotes()
+    forkserver.close_zygotes()
 
 
 if __name__ == "__main__":

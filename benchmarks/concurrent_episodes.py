@@ -49,15 +49,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from _gpu import (
+    GpuSampler,  # benchmarks/_gpu.py and _memory.py: run as a script, this folder is on sys.path
+)
+from _memory import TreeMemory
 
 import kernel_env
-import kernel_env.pool
+import kernel_env.runtime.pool
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.resources import example_dir
 from kernel_env.tasks import Task
-
-from _gpu import GpuSampler  # benchmarks/_gpu.py and _memory.py: run as a script, this folder is on sys.path
-from _memory import TreeMemory
 
 HERE = Path(__file__).resolve().parent
 SOLUTION: str
@@ -112,7 +113,7 @@ class EpisodeTimes:
     error: str | None = None
 
 
-async def episode(index: int, pool: kernel_env.pool.GpuPool | None = None) -> EpisodeTimes:
+async def episode(index: int, pool: kernel_env.runtime.pool.GpuPool | None = None) -> EpisodeTimes:
     """One scripted episode; a failure is recorded, not raised (the benchmark counts errors)."""
     times, actions = EpisodeTimes(), policy()
     env = kernel_env.make("KernelAgent-v0", task=TASK, language="triton", device=DEVICE, max_turns=len(actions) + 5,
@@ -155,7 +156,7 @@ class PoolMeter:
 
     def __init__(self):
         self.jobs: dict[str, list[float]] = {}
-        self._submit, self._evaluate = kernel_env.pool.LocalPool.submit, kernel_env.pool.evaluate
+        self._submit, self._evaluate = kernel_env.runtime.pool.LocalPool.submit, kernel_env.runtime.pool.evaluate
 
     def __enter__(self):
         meter = self
@@ -171,11 +172,11 @@ class PoolMeter:
             finally:
                 meter.jobs[job.job_id][2] = time.monotonic()
 
-        kernel_env.pool.LocalPool.submit, kernel_env.pool.evaluate = submit, evaluate
+        kernel_env.runtime.pool.LocalPool.submit, kernel_env.runtime.pool.evaluate = submit, evaluate
         return self
 
     def __exit__(self, *exc):
-        kernel_env.pool.LocalPool.submit, kernel_env.pool.evaluate = self._submit, self._evaluate
+        kernel_env.runtime.pool.LocalPool.submit, kernel_env.runtime.pool.evaluate = self._submit, self._evaluate
 
     def periods(self, running: bool) -> list[tuple[float, float]]:
         """Disjoint intervals in which a job was running (or, with running=False, waiting or running)."""
@@ -210,7 +211,7 @@ def _mean_steps(results: list[EpisodeTimes], top: int = 10) -> dict[str, float]:
 
 async def run(count: int, concurrency: int, jobs_per_gpu: int) -> dict:
     slots = asyncio.Semaphore(concurrency)
-    evaluator = kernel_env.pool.LocalPool(jobs_per_gpu=jobs_per_gpu)
+    evaluator = kernel_env.runtime.pool.LocalPool(jobs_per_gpu=jobs_per_gpu)
     done = 0
 
     async def limited(index: int) -> EpisodeTimes:
@@ -246,7 +247,7 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int) -> dict:
         "cpu_busy_fraction": round((cpu_after[0] - cpu_before[0]) / max(cpu_after[1] - cpu_before[1], 1), 3),
         "evaluation_steps_s": _mean_steps(results),
         "errors": len(errors), "error_samples": sorted(set(e or "incorrect" for e in errors))[:3],
-        "run_again_alone": sum(1 for r in results if r.steps_s and kernel_env.pool.SHORT_OF_MEMORY_STEP in r.steps_s),
+        "run_again_alone": sum(1 for r in results if r.steps_s and kernel_env.runtime.pool.SHORT_OF_MEMORY_STEP in r.steps_s),
         "reset_s_mean": _mean(r.reset_s for r in results), "tools_s_mean": _mean(r.tools_s for r in results),
         "finish_s_mean": _mean(r.finish_s for r in results), "finish_s_max": round(max(r.finish_s for r in results), 2),
         "evaluation_s_total": round(sum(r.evaluation_s for r in results), 1),
@@ -266,7 +267,7 @@ def main() -> None:
     parser.add_argument("--episodes", default="64", help="episodes of each main run, all at once (comma-separated counts)")
     parser.add_argument("--baseline-episodes", type=int, default=4, help="episodes of the baseline, one at a time")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--jobs-per-gpu", default=str(kernel_env.pool.default_jobs_per_gpu()),
+    parser.add_argument("--jobs-per-gpu", default=str(kernel_env.runtime.pool.default_jobs_per_gpu()),
                         help="jobs a GPU runs at once (evaluators/sharing.py); comma-separated values are each run in turn "
                              "for every --episodes count, e.g. 1,4 (the CPU always runs one)")
     parser.add_argument("--elements", type=int, help="the task's size (default: 4M on a GPU, 4096 on the CPU); "

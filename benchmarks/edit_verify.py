@@ -34,14 +34,16 @@ import textwrap
 import time
 from pathlib import Path
 
+from build_times import (
+    edit,  # benchmarks/build_times.py: run as a script, this folder is on sys.path
+)
+
 from kernel_env import headers
-from kernel_env.episode import Episode, default_device
 from kernel_env.evaluators.harness import measure_baselines
 from kernel_env.evaluators.records import Mode
 from kernel_env.resources import example_dir
+from kernel_env.runtime.episode import Episode, default_device
 from kernel_env.tasks import resolve_task
-
-from build_times import edit  # benchmarks/build_times.py: run as a script, this folder is on sys.path
 
 SOLUTIONS = example_dir("relu_add") / "solutions"
 KERNEL = {"cpp": "relu_add.cpp", "cuda": "relu_add.cu"}

@@ -1,7 +1,7 @@
 """Host-side launch and synchronise latency of one Triton kernel, by where the host thread runs.
 
 A timed call's host side (Python, Triton's launcher, the driver) has to fit under the launch
-cover (evaluators/timing.py), and the driver's cost depends on the CPU: on a multi-socket host a
+cover (evaluators/child/timing.py), and the driver's cost depends on the CPU: on a multi-socket host a
 thread on the far NUMA node reaches the GPU across the socket link. For each NUMA node this
 process may use (and unpinned, the baseline), a fresh process pinned there times 2000 launches of
 the fused relu(x + y) kernel on 16M elements (host time of ``ModelNew.forward``, which also

@@ -20,8 +20,8 @@ import uuid
 from pathlib import Path
 
 from kernel_env.evaluators.records import EvalJob, Mode
-from kernel_env.pool import GpuPool, LocalPool, RayPool
 from kernel_env.resources import example_dir
+from kernel_env.runtime.pool import GpuPool, LocalPool, RayPool
 
 TASK_CODE = (example_dir() / "task.py").read_text().replace("1 << 24", "1 << 12")
 SOLUTION = (example_dir() / "solutions" / "triton" / "model_new.py").read_text()

@@ -32,15 +32,16 @@ import time
 from pathlib import Path
 
 import torch
+from _gpu import (
+    GpuSampler,  # benchmarks/_gpu.py: run as a script, this folder is on sys.path
+)
 
-from kernel_env.episode import Episode
-from kernel_env.evaluators import isolation
+from kernel_env.evaluators import children
 from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.records import EvalSettings, Mode
-from kernel_env.pool import LocalPool
+from kernel_env.runtime.episode import Episode
+from kernel_env.runtime.pool import LocalPool
 from kernel_env.tasks import Task
-
-from _gpu import GpuSampler  # benchmarks/_gpu.py: run as a script, this folder is on sys.path
 
 HERE = Path(__file__).resolve().parent
 TASK_CODE = (HERE.parent / "examples" / "relu_add" / "task.py").read_text()
@@ -48,9 +49,9 @@ SOLUTIONS = HERE.parent / "tests" / "gpu" / "solutions"
 
 
 def do_bench_medians(kernel_file: Path, elements: int) -> dict[str, float]:
-    import triton.testing
-
     import importlib.util
+
+    import triton.testing
 
     spec = importlib.util.spec_from_file_location(kernel_file.stem, kernel_file)
     module = importlib.util.module_from_spec(spec)
@@ -69,7 +70,7 @@ class TimingDetails:
     def __init__(self):
         self.runs: dict[str, dict] = {}
         self.windows: dict[str, tuple[float, float]] = {}  # monotonic start and end of each timing run
-        self._call = isolation.Child.call
+        self._call = children.Child.call
 
     def __enter__(self):
         catcher = self
@@ -83,11 +84,11 @@ class TimingDetails:
                 catcher.windows[name] = (started, time.monotonic())
             return answer, marks
 
-        isolation.Child.call = call
+        children.Child.call = call
         return self
 
     def __exit__(self, *exc):
-        isolation.Child.call = self._call
+        children.Child.call = self._call
 
 
 def summary(details: dict | None, window: tuple[float, float] | None, gpu: GpuSampler) -> dict:

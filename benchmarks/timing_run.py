@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 import torch
-from kernel_env.evaluators import guards, timing
+
+from kernel_env.evaluators.child import guards, timing
 from kernel_env.evaluators.records import EvalSettings
 
 

@@ -1,4 +1,4 @@
-"""Verify round trip with and without warm children (isolation.Spares), in the same run.
+"""Verify round trip with and without warm children (children.Spares), in the same run.
 
 Runs N verification jobs of the bundled relu(x + y) task with its Triton solution (on the GPU
 when there is one, else under Triton's interpreter on the CPU), first with every child started

@@ -3,11 +3,13 @@
 - ``KernelAgent-v0`` (``agent.py``): one tool call (or a list of them) per step in a sandboxed
   workspace; the episode ends with ``Finish`` or the turn limit and a trusted final evaluation.
 - ``KernelRefine-v0`` (``refine.py``): the fixed multi-turn refine loop; one model completion
-  with code per step, answered with feedback.
+  with code per step, answered with feedback. What it says and when it stops is the refine
+  protocol (``refine_protocol.py``: pure, shared with ``kernel_env.workloads.generate``).
 
-Both are registered with gymnasium as ``kernel_env/<name>`` when ``kernel_env`` is imported;
-``kernel_env.make(name, ...)`` builds one without gymnasium's wrappers (so ``areset`` and
-``astep`` are at hand).
+Both build on ``EpisodeEnv`` (``common.py``): one runtime episode per ``reset``, the async
+``areset`` / ``astep``, the text spaces. Both are registered with gymnasium as
+``kernel_env/<name>`` when ``kernel_env`` is imported; ``kernel_env.make(name, ...)`` builds one
+without gymnasium's wrappers (so ``areset`` and ``astep`` are at hand).
 """
 
 from __future__ import annotations

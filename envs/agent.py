@@ -11,12 +11,21 @@ JSON string of one) or a list of them, answered in order; the observation is the
 text. Nothing an agent sends makes ``step`` raise: malformed calls come back as error text and
 are counted in ``info["invalid_calls"]``. The ``Finish`` tool ends the episode (terminated);
 reaching ``max_turns`` ends it too (truncated). Either way the solution is then rebuilt from
-scratch, with everything the agent started killed, and evaluated by the trusted harness: the
-milestone of that evaluation (CUDA Agent eq. 1: -1, 1, 2, 3) is the episode's reward.
+scratch, with everything the agent started killed, and evaluated by the trusted harness: what
+that evaluation pays is the episode's reward (``paid_reward``; with the default
+``reward_kind="milestone"`` the milestone the harness recorded, CUDA Agent eq. 1: -1, 1, 2, 3;
+with ``"speedup"``, t_compile / t, -1 if incorrect).
+
+An evaluator's fault is never paid: a final evaluation that failed by the evaluator's fault (a
+worker lost, a child that could not start, the reference failing; ``EvalResult.fault``), even
+when evaluated again, ends the episode as *truncated* with reward 0 for that step, nothing
+settled, and ``info["fault"] == "evaluator"``: a trainer should drop such an episode rather than
+learn from it. ``info["fault"]`` is otherwise ``"candidate"`` (a failed solution) or None.
 
 Rewards arrive at the end by default. ``shaping="milestones"`` pays each new milestone when an
 evaluation during the episode (the agent's ``utils.verification`` / ``utils.profiling``) first
-reaches it, and settles the difference at the end, so the total is the same.
+reaches it, and settles the difference at the end, so the total is the same. This module decides
+when a reward is paid, never how much a result is worth: that is ``paid_reward``'s.
 
 ``step`` blocks while the agent's commands run (a verification waits for the GPU pool); the
 ``areset`` / ``astep`` coroutines run it on a thread of a large shared pool, so one event loop
@@ -25,23 +34,19 @@ drives hundreds of episodes.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Literal
 
-import gymnasium
-
-from kernel_env.envs.common import ModelOutputSpace, TextSpace, in_thread
-from kernel_env.episode import Episode, Selection, default_device
+from kernel_env.envs.common import ENDED, EpisodeEnv, ModelOutputSpace, TextSpace
 from kernel_env.evaluators.records import EvalResult, EvalSettings
 from kernel_env.evaluators.report import model_report
-from kernel_env.evaluators.reward import RewardKind, reward as compute_reward
-from kernel_env.pool import GpuPool, shared_pool
+from kernel_env.evaluators.reward import RewardKind, paid_reward
 from kernel_env.resources import skill_file
-from kernel_env.tasks import Task, resolve_task
+from kernel_env.runtime.episode import Selection, default_device
+from kernel_env.runtime.pool import GpuPool
+from kernel_env.tasks import Task
 from kernel_env.tools import ToolBox, ToolResult, parse_tool_calls
 
 MAX_OBSERVATION_CHARS = 200_000
-_ENDED = "The episode has ended; call reset() to start a new one."
 
 
 class ToolCallSpace(ModelOutputSpace):
@@ -61,8 +66,9 @@ class ToolCallSpace(ModelOutputSpace):
     def sample(self, mask: Any = None, probability: Any = None) -> dict[str, Any]:
         return dict(self._SAMPLES[int(self.np_random.integers(len(self._SAMPLES)))])
 
-class KernelAgentEnv(gymnasium.Env):
-    """See the module docstring. Keyword arguments:
+
+class KernelAgentEnv(EpisodeEnv):
+    """See the module docstring. Keyword arguments (``EpisodeEnv`` says more of the shared ones):
 
     task          a Task, or a spec for ``resolve_task`` ("example/relu_add", a .py file, ...);
                   ``reset(options={"task": ...})`` switches task
@@ -75,13 +81,12 @@ class KernelAgentEnv(gymnasium.Env):
     max_turns     steps before the episode is truncated (the paper: 150 training, 200 evaluation)
     selection     "best" (the paper: the best solution the harness saw counts) or "final"
     shaping       None (reward at the end) or "milestones" (each new milestone when first reached)
-    reward_kind   "milestone" (CUDA Agent eq. 1) or "speedup" (t_compile / t, -1 if incorrect)
-    settings      EvalSettings for every evaluation of the episode
+    reward_kind   "milestone" (CUDA Agent eq. 1) or "speedup" (t_compile / t, -1 if incorrect): what
+                  ``paid_reward`` pays for a result
+    settings      EvalSettings for every evaluation of the episode (default: the protocol's)
     tools         the tool names offered (default: all, Finish included)
     max_output_chars  cap on each tool result's text
     """
-
-    metadata = {"render_modes": []}
 
     def __init__(self, task: Task | str | None = None, *, language: str | None = None, device: str | None = None,
                  sandbox: str = "local", sandbox_options: dict[str, Any] | None = None,
@@ -89,8 +94,6 @@ class KernelAgentEnv(gymnasium.Env):
                  selection: Selection = "best", shaping: Literal["milestones"] | None = None,
                  reward_kind: str = "milestone", settings: EvalSettings | None = None,
                  tools: list[str] | None = None, max_output_chars: int = 30_000, kernelbench_root: str | None = None):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         if selection not in ("best", "final"):
             raise ValueError(f"selection must be 'best' or 'final', got {selection!r}")
         if shaping not in (None, "milestones"):
@@ -98,46 +101,28 @@ class KernelAgentEnv(gymnasium.Env):
         self.reward_kind = RewardKind(reward_kind)
         if shaping and self.reward_kind is not RewardKind.MILESTONE:
             raise ValueError("shaping='milestones' needs reward_kind='milestone'")
-        self.kernelbench_root = kernelbench_root
-        self.task = self._task(task) if task is not None else None
-        self.device = device or default_device()
-        self.language = language or ("cuda" if self.device == "cuda" else "cpp")
-        self.sandbox_kind, self.sandbox_options = sandbox, sandbox_options
-        self.pool = shared_pool(pool) if isinstance(pool, str) else pool
-        self.max_turns, self.selection, self.shaping = max_turns, selection, shaping
-        self.settings = settings
+        self.selection, self.shaping = selection, shaping
         self.tool_names = tools
         self.max_output_chars = max_output_chars
+        self.toolbox: ToolBox | None = None
+        device = device or default_device()
+        super().__init__(task, language=language or ("cuda" if device == "cuda" else "cpp"), device=device,
+                         sandbox=sandbox, sandbox_options=sandbox_options, pool=pool, max_turns=max_turns,
+                         settings=settings, kernelbench_root=kernelbench_root)
         self.observation_space = TextSpace(max_length=MAX_OBSERVATION_CHARS, min_length=0)
         self.action_space = ToolCallSpace()
-        self.episode: Episode | None = None
-        self.toolbox: ToolBox | None = None
-        self._reset_state()
-
-    def _task(self, task: Task | str) -> Task:
-        return task if isinstance(task, Task) else resolve_task(task, kernelbench_root=self.kernelbench_root)
 
     def _reset_state(self) -> None:
-        self.turn = 0
+        super()._reset_state()
         self.invalid_calls = 0
-        self.done = False
         self.paid = 0.0
         self.final: EvalResult | None = None
         self._seen_results = 0
 
     # ------------------------------------------------------------------ gymnasium API
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Close the previous episode, create a fresh workspace and sandbox, return the task prompt."""
-        super().reset(seed=seed)
-        if options and options.get("task") is not None:
-            self.task = self._task(options["task"])
-        if self.task is None:
-            raise ValueError("no task: pass task=... to the environment or reset(options={'task': ...})")
-        self._close_episode()
-        self._reset_state()
-        self.episode = Episode.open(self.task, language=self.language, device=self.device, sandbox=self.sandbox_kind,
-                                    pool=self.pool, settings=self.settings, sandbox_options=self.sandbox_options)
+    def _start(self) -> tuple[str, dict[str, Any]]:
+        """The task prompt: model.py, SKILL.md, the tools; ``info["tools"]`` holds their schemas."""
         self.toolbox = ToolBox(self.episode.sandbox, self.tool_names, max_output_chars=self.max_output_chars)
         info = {
             "task_id": self.task.id, "language": self.language, "device": self.device,
@@ -149,7 +134,7 @@ class KernelAgentEnv(gymnasium.Env):
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Run the action's tool calls in order; never raises for anything the agent sends."""
         if self.done or self.episode is None:
-            return _ENDED, 0.0, True, False, self._info([])
+            return ENDED, 0.0, True, False, self._info([])
         self.turn += 1
         results: list[ToolResult] = []
         finished = False
@@ -167,36 +152,26 @@ class KernelAgentEnv(gymnasium.Env):
         observation = _render(results)
         if finished or truncated:
             self.final = self.episode.final_evaluation(self.selection)
-            settle = self._reward_of(self.final) - self.paid  # the episode's total is the final reward
-            reward += settle
-            self.paid += settle
             self.done = True
             observation += "\n\n" + model_report(self.final)
-            if truncated:
+            if self.final.fault == "evaluator":
+                # Not the agent's ending: the evaluator failed (twice). Nothing is settled, and the
+                # episode is truncated, so a trainer drops it rather than learn from a wrong -1.
+                finished, truncated = False, True
+            else:
+                settle = paid_reward(self.final, self.reward_kind) - self.paid  # the episode's total is the final reward
+                reward += settle
+                self.paid += settle
+            if truncated and self.turn >= self.max_turns:
                 observation = f"{observation}\n\nThe turn limit ({self.max_turns}) was reached."
         info = self._info(results)
         return observation[-MAX_OBSERVATION_CHARS:], reward, finished, truncated, info
 
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        return await in_thread(functools.partial(self.reset, seed=seed, options=options))
-
-    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return await in_thread(functools.partial(self.step, action))
-
-    def close(self) -> None:
-        self._close_episode()
-
     def _close_episode(self) -> None:
-        if self.episode is not None:
-            self.episode.close()
-            self.episode = None
-            self.toolbox = None
+        super()._close_episode()
+        self.toolbox = None
 
     # ------------------------------------------------------------------ rewards
-
-    def _reward_of(self, result: EvalResult) -> float:
-        margin = (self.settings or EvalSettings()).speedup_margin
-        return compute_reward(self.reward_kind, result.correct, result.runtime_ms, result.eager_ms, result.compile_ms, margin)
 
     def _shaped_reward(self) -> float:
         """With shaping: what the evaluations since the last step add to the best milestone paid so far."""
@@ -204,7 +179,7 @@ class KernelAgentEnv(gymnasium.Env):
         new, self._seen_results = results[self._seen_results:], len(results)
         if not self.shaping or not new:
             return 0.0
-        best = max(self._reward_of(result) for result in new)
+        best = max(paid_reward(result, self.reward_kind) for result in new)
         payment = max(0.0, best - self.paid)
         self.paid += payment
         return payment
@@ -239,6 +214,7 @@ class KernelAgentEnv(gymnasium.Env):
         if self.final is not None:
             info["final"] = self.final.summary()
             info["final_report"] = model_report(self.final)
+            info["fault"] = self.final.fault
         return info
 
 

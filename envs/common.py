@@ -1,16 +1,33 @@
-"""What both environments share: a text space for prompts and tool output, and the threads that
-run a blocking ``reset``/``step`` for the async API."""
+"""What both environments share: ``EpisodeEnv``, the life of one runtime ``Episode`` behind the
+Gymnasium API (open on ``reset``, close on the next ``reset`` or ``close``, the async
+``areset``/``astep``); the text spaces of prompts, tool output and model completions; and the
+threads that run a blocking ``reset``/``step`` for the async API.
+
+What an action means, what an observation says and what a step pays belong to each environment
+(``agent.py``, ``refine.py``); nothing here interprets an action or pays a reward.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import gymnasium
 from gymnasium import spaces
 
+from kernel_env.evaluators.records import EvalSettings
+from kernel_env.languages import Language, get_language
+from kernel_env.runtime.episode import Episode, default_device
+from kernel_env.runtime.pool import GpuPool, shared_pool
+from kernel_env.tasks import Task, resolve_task
+
 T = TypeVar("T")
+
+#: The observation of a ``step`` after the episode ended.
+ENDED = "The episode has ended; call reset() to start a new one."
 
 #: Threads for ``areset``/``astep``: each in-flight step holds one while it waits for its sandbox or
 #: the pool (asyncio's default executor has a handful, which would serialise hundreds of episodes).
@@ -40,3 +57,104 @@ class ModelOutputSpace(spaces.Space[Any]):
 async def in_thread(call: Callable[[], T]) -> T:
     """Run a blocking call on the shared step threads."""
     return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, call)
+
+
+class EpisodeEnv(gymnasium.Env[str, Any]):
+    """An environment whose episode is one ``Episode``: a fresh workspace holding the task, a
+    sandbox over it, and a broker that sends its evaluations to the pool.
+
+    Keyword arguments (each subclass documents its own, and its defaults):
+
+    task          a Task, or a spec for ``resolve_task`` ("example/relu_add", a .py file, ...);
+                  ``reset(options={"task": ...})`` switches task
+    language      cuda | cpp | triton; an unknown one raises ValueError here
+    device        where the trusted harness runs: cuda | cpu (default: cuda where a GPU is visible)
+    sandbox       sandbox backend: "local" (bubblewrap) or "docker"; ``sandbox_options`` go to its
+                  constructor (e.g. ``{"image": "kernel-env-sandbox:cuda"}`` for docker)
+    pool          a GpuPool, or a pool kind ("local", "ray") for this process's shared pool of that
+                  kind; default: the shared local pool
+    max_turns     steps before the episode is truncated (at least 1)
+    settings      EvalSettings for every evaluation of the episode (default: the protocol's)
+
+    A subclass sets ``observation_space`` and ``action_space``, implements ``step`` and
+    ``_start``, and extends ``_reset_state`` / ``_close_episode`` for what it keeps per episode.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, task: Task | str | None, *, language: str, device: str | None, sandbox: str,
+                 sandbox_options: dict[str, Any] | None, pool: GpuPool | str | None, max_turns: int,
+                 settings: EvalSettings | None, kernelbench_root: str | None):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        self.lang: Language = get_language(language)
+        self.kernelbench_root = kernelbench_root
+        self.task = self._task(task) if task is not None else None
+        self.device = device or default_device()
+        self.sandbox_kind, self.sandbox_options = sandbox, sandbox_options
+        self.pool = shared_pool(pool) if isinstance(pool, str) else pool
+        self.max_turns = max_turns
+        self.settings = settings or EvalSettings()
+        self.episode: Episode | None = None
+        self._reset_state()
+
+    @property
+    def language(self) -> str:
+        return self.lang.name
+
+    # ------------------------------------------------------------------ the contract
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Close the previous episode, open a fresh one on the task, and return ``_start()``: the
+        first observation (the prompt) and info.
+
+        ``options={"task": ...}`` switches task first. Raises ValueError when there is no task;
+        whatever ``Episode.open`` raises (EpisodeError: a language the device cannot run;
+        SandboxError: no sandbox here) when the episode cannot be opened, leaving none open."""
+        super().reset(seed=seed)
+        if options and options.get("task") is not None:
+            self.task = self._task(options["task"])
+        if self.task is None:
+            raise ValueError(f"no task: pass task=... to {type(self).__name__} or reset(options={{'task': ...}})")
+        self._close_episode()
+        self._reset_state()
+        self.episode = Episode.open(self.task, language=self.language, device=self.device, sandbox=self.sandbox_kind,
+                                    pool=self.pool, settings=self.settings, sandbox_options=self.sandbox_options)
+        return self._start()
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Answer one action: (observation, reward, terminated, truncated, info). Never raises for
+        anything a model sends (a malformed action is answered as text and counts as a turn);
+        after the episode ended, answers ``ENDED`` with reward 0."""
+        raise NotImplementedError
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """``reset`` on a step thread, so that one event loop drives many episodes."""
+        return await in_thread(functools.partial(self.reset, seed=seed, options=options))
+
+    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """``step`` on a step thread, so that one event loop drives many episodes."""
+        return await in_thread(functools.partial(self.step, action))
+
+    def close(self) -> None:
+        """Close the episode (its sandbox, broker and workspace); the environment can be reset again."""
+        self._close_episode()
+
+    # ------------------------------------------------------------------ for subclasses
+
+    def _start(self) -> tuple[str, dict[str, Any]]:
+        """The first observation and info of the episode ``reset`` just opened (``self.episode``)."""
+        raise NotImplementedError
+
+    def _reset_state(self) -> None:
+        """Forget the previous episode's turns; a subclass extends this with what it counts."""
+        self.turn = 0
+        self.done = False
+
+    def _close_episode(self) -> None:
+        if self.episode is not None:
+            self.episode.close()
+            self.episode = None
+
+    def _task(self, task: Task | str) -> Task:
+        return task if isinstance(task, Task) else resolve_task(task, kernelbench_root=self.kernelbench_root)

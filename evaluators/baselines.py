@@ -15,9 +15,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from kernel_env.evaluators.records import Timing
-from kernel_env.evaluators.timing import PROTOCOL_VERSION
 from kernel_env.config import cache_dir
+from kernel_env.evaluators.child.timing import PROTOCOL_VERSION
+from kernel_env.evaluators.records import Timing
 
 
 class BaselineCache:

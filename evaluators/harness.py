@@ -1,11 +1,19 @@
 """The trusted harness: one evaluation job from snapshot to EvalResult.
 
-This module never imports candidate code. It starts two isolated child processes
-(``runner.py``): the reference process runs the task alone and writes its outputs where
-the candidate cannot look; the candidate process runs ModelNew on the same seeded weights
-and the same fresh random inputs. This process compares the outputs itself, checks the
-candidate's timing against its own clock and the outputs of timed calls against the
-reference, applies the rules, and computes the reward.
+This module never imports candidate code, and no candidate output is ever read by it. It runs
+two isolated child processes (``child/runner.py``, forked by ``children.py``): the reference
+process runs the task and keeps the trials' outputs in its own memory (none reaches disk); the
+candidate process runs ModelNew on the same seeded weights and the same fresh random inputs and
+writes each trial's outputs as raw bytes in its own folder. This process only moves that file
+(a rename) into the reference's folder, and the *reference's* process compares it with what it
+holds (``child/compare.py``), trusting nothing about the file; so a candidate can neither see
+the expected outputs nor forge the verdict. This process checks the candidate's timing against
+its own clock and the device record, the outputs of timed calls against the reference's
+fingerprints, applies the rules (``static_rules.py`` before anything runs, ``child/guards.py``
+while it runs), and records the milestone (``reward.py``), the one place a reward is decided.
+
+Why one module of ~500 lines: every step of a job, and the order between them that the
+guarantees above rest on, reads top to bottom here (``evaluate`` → ``_Evaluation.run``).
 """
 
 from __future__ import annotations
@@ -26,13 +34,28 @@ from pathlib import Path
 import torch
 
 from kernel_env.evaluators.baselines import BaselineCache
-from kernel_env.evaluators.guards import EARLY_WORK_TOLERANCE_US, LATE_WORK_TOLERANCE_US
-from kernel_env.evaluators.isolation import Child, ChildError, Spares, warm_children
-from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode, Timing, TrialReport
-from kernel_env.evaluators.reward import reward as compute_reward
+from kernel_env.evaluators.child.guards import (
+    EARLY_WORK_TOLERANCE_US,
+    LATE_WORK_TOLERANCE_US,
+)
+from kernel_env.evaluators.child.timing import (
+    COVER_KERNEL,
+    END_KERNEL,
+    fingerprints_match,
+)
+from kernel_env.evaluators.children import Child, ChildError, Spares, warm_children
+from kernel_env.evaluators.records import (
+    EvalJob,
+    EvalResult,
+    EvalSettings,
+    Fault,
+    Mode,
+    Timing,
+    TrialReport,
+)
+from kernel_env.evaluators.reward import milestone_reward
 from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.evaluators.static_rules import check_sources
-from kernel_env.evaluators.timing import COVER_KERNEL, END_KERNEL, fingerprints_match
 from kernel_env.languages import get_language
 
 log = logging.getLogger(__name__)
@@ -73,7 +96,7 @@ def _streamed(seeds: list[int]) -> dict:
 
 
 def evaluate(job: EvalJob, *, device: str | None = None, baselines: BaselineCache | None = None,
-             reward_kind: str = "milestone", lease: DeviceLease | None = None,
+             lease: DeviceLease | None = None,
              answer: Callable[[EvalResult], None] | None = None) -> EvalResult:
     """Evaluate one job on ``device`` (``cuda:N`` or ``cpu``); every failure becomes a result.
 
@@ -89,7 +112,8 @@ def evaluate(job: EvalJob, *, device: str | None = None, baselines: BaselineCach
     started = time.monotonic()
     device = device or ("cuda:0" if job.device == "cuda" else "cpu")
     result = EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
-                        ran_on=f"{socket.gethostname()}/{device}", mode=job.mode, snapshot_hash=job.snapshot_hash)
+                        ran_on=f"{socket.gethostname()}/{device}", mode=job.mode, snapshot_hash=job.snapshot_hash,
+                        atol=job.settings.atol, rtol=job.settings.rtol, speedup_margin=job.settings.speedup_margin)
     evaluation = _Evaluation(job, result, device, baselines or BaselineCache(), lease)
     try:
         try:
@@ -97,17 +121,23 @@ def evaluate(job: EvalJob, *, device: str | None = None, baselines: BaselineCach
         except JobFailed:
             pass
         if answer is not None:
-            answer(_concluded(result, job, reward_kind, started))
+            answer(_concluded(result, job, started))
     finally:
         evaluation.finish(record=answer is None)
-    return result if answer is not None else _concluded(result, job, reward_kind, started)
+    return result if answer is not None else _concluded(result, job, started)
 
 
-def _concluded(result: EvalResult, job: EvalJob, reward_kind: str, started: float) -> EvalResult:
+def _concluded(result: EvalResult, job: EvalJob, started: float) -> EvalResult:
+    """The result's verdict, whose fault a failure is, and its milestone: the one place a reward
+    is decided (reward.py). An evaluator's fault gets no milestone: it says nothing of the candidate."""
     if result.error or result.violations:
         result.correct = False
-    s = job.settings
-    result.reward = compute_reward(reward_kind, result.correct, result.runtime_ms, result.eager_ms, result.compile_ms, s.speedup_margin)
+    if result.correct:
+        result.fault = None
+    elif result.fault is None:  # wrong outputs or a broken rule
+        result.fault = "candidate"
+    result.reward = None if result.fault == "evaluator" else milestone_reward(
+        result.correct, result.runtime_ms, result.eager_ms, result.compile_ms, job.settings.speedup_margin)
     result.duration_s = round(time.monotonic() - started, 3)
     return result
 
@@ -130,7 +160,7 @@ def measure_baselines(task_id: str, task_code: str, *, device: str = "cpu", base
         evaluation._ask(child, "ref_init", "building the reference Model", init_seed=secrets.randbits(31))
         result.eager, result.compiled_baseline = evaluation.baseline_times(child, setup)
     except ChildError as exc:
-        result.error = f"the reference task failed: {exc}"
+        result.error, result.fault = f"the reference task failed: {exc}", "evaluator"
     except JobFailed:
         pass
     finally:
@@ -138,7 +168,7 @@ def measure_baselines(task_id: str, task_code: str, *, device: str = "cpu", base
     return result
 
 
-#: Children started ahead of their jobs, for this process's jobs (see isolation.Spares).
+#: Children started ahead of their jobs, for this process's jobs (see children.Spares).
 _SPARES = Spares()
 
 
@@ -161,6 +191,8 @@ class _Evaluation:
             self.env["TRITON_INTERPRET"] = "1"
         self.child_device = "cuda:0" if self.gpu else "cpu"
         self.warm = warm_children(self.gpu)
+        #: Whether anything of the candidate's has reached a process of this job (see ``fail``).
+        self.candidate_exposed = False
 
     @contextlib.contextmanager
     def step(self, name: str, *, share: str | None = "untimed", record: bool = True):
@@ -208,22 +240,27 @@ class _Evaluation:
                 if self.lease is not None:
                     self.lease.unregister(child)
 
-    def fail(self, message: str, *, compiled: bool = True, log: str = "") -> None:
+    def fail(self, message: str, *, compiled: bool = True, log: str = "", fault: Fault | None = None) -> None:
+        """End the job with ``message``. Whose fault it is, unless named: the evaluator's while no
+        candidate code can have had a hand in it (before the candidate's files reach its
+        process), the candidate's from then on. Conservative on purpose: an evaluator fault is
+        never paid as a reward, so nothing the candidate could cause may be classed as one."""
         self.result.error = message
         self.result.compiled = compiled
         self.result.log_tail = log
+        self.result.fault = fault or ("candidate" if self.candidate_exposed else "evaluator")
         raise JobFailed
 
     def run(self) -> None:
         if not (self.job.snapshot_dir / "model_new.py").is_file():
-            self.fail("the workspace has no model_new.py", compiled=False)
+            self.fail("the workspace has no model_new.py", compiled=False, fault="candidate")
         foreign = _foreign_build(self.job.snapshot_dir)
         if foreign:
-            self.fail(foreign, compiled=False)
+            self.fail(foreign, compiled=False, fault="candidate")
         broken = check_sources(self.job.snapshot_dir)
         if broken:
             self.result.violations += broken
-            self.fail("the sources break the skill's rules (see the violations); nothing was run")
+            self.fail("the sources break the skill's rules (see the violations); nothing was run", fault="candidate")
         trial_seeds = _seeds(self.s.trials)
         timed_seeds = _seeds(self.s.timed_calls)
         checked = sorted(secrets.SystemRandom().sample(range(len(timed_seeds)), min(self.s.checked_timed_calls, len(timed_seeds))))
@@ -283,6 +320,7 @@ class _Evaluation:
         s, result = self.s, self.result
         child = self.child("candidate")
         self.cand_dir = child.host_paths["/job/cand"]
+        self.candidate_exposed = True
         with self.step("candidate: copy files", share=None):
             for name in ("init_inputs.pt", "state_dict.pt"):
                 shutil.copy2(self.ref_dir / name, self.cand_dir / name)
@@ -318,14 +356,14 @@ class _Evaluation:
             if integrity.get("processes"):
                 result.violations.append(_PROCESSES_MESSAGE.format(when="left behind", pids=", ".join(integrity["processes"][:5])))
         except ChildError as exc:
-            self.fail(str(exc), log=child.log_tail())
+            self.fail(str(exc), log=child.log_tail(), fault=_lost_with_its_server(child))
 
     def check_trials(self, ref_trials: list[dict], cand_trials: list[dict]) -> None:
         s, result = self.s, self.result
         for index, (ref, cand) in enumerate(zip(ref_trials, cand_trials)):
             if ref["non_tensor_outputs"]:
                 self.fail(f"the task cannot be evaluated: its Model returns {', '.join(ref['non_tensor_outputs'])}, not tensors "
-                          "(an output must be a tensor, or a tuple or list of them); not your code's fault")
+                          "(an output must be a tensor, or a tuple or list of them); not your code's fault", fault="evaluator")
             if cand["non_tensor_outputs"]:
                 result.trials.append(TrialReport(trial=index, correct=False, message=f"returned {', '.join(cand['non_tensor_outputs'])} instead of plain tensors"))
                 break
@@ -436,6 +474,17 @@ class _Evaluation:
         if not answer.get("ok"):
             self.fail(f"{doing} failed: {answer.get('error')}", log=child.log_tail())
         return answer
+
+
+#: How long a child's death may precede its fork server's seen end (see ``_lost_with_its_server``).
+_SERVER_END_GRACE_S = 1.0
+
+
+def _lost_with_its_server(child: Child) -> Fault | None:
+    """"evaluator" when a child died because its fork server did (killed, out of host memory):
+    the end of the server's pid namespace takes every child with it, and nothing in a child's
+    namespaces can reach the server. None leaves the verdict to ``fail``'s rule."""
+    return "evaluator" if child.zygote.ended_within(_SERVER_END_GRACE_S) else None
 
 
 def _foreign_build(snapshot: Path) -> str | None:

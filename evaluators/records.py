@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
+
+#: Whose fault a failed evaluation is (``EvalResult.fault``).
+Fault = Literal["candidate", "evaluator"]
 
 
 class Mode(str, Enum):
@@ -98,6 +102,14 @@ class EvalResult(BaseModel):
     duration_s: float = 0.0
     steps_s: dict[str, float] = Field(default_factory=dict)  # where duration_s went: child starts, commands, comparisons
     log_tail: str = ""
+    #: Whose fault a failure is: the candidate's (wrong, crashed, hung, broke a rule) or the
+    #: evaluator's (a child that could not start, the reference or the task failing, a worker lost,
+    #: a harness error); None when correct. An evaluator's fault is never paid as a reward.
+    fault: Fault | None = None
+    # What the verdict was judged with (the job's settings), so every report states the real numbers.
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    speedup_margin: float = 0.05
 
     @property
     def runtime_ms(self) -> float | None:
@@ -126,5 +138,5 @@ class EvalResult(BaseModel):
             "mode": self.mode.value, "compiled": self.compiled, "correct": self.correct, "reward": self.reward,
             "runtime_ms": self.runtime_ms, "eager_ms": self.eager_ms, "compile_ms": self.compile_ms,
             "speedup_vs_eager": self.speedup_vs_eager, "speedup_vs_compile": self.speedup_vs_compile,
-            "error": self.error, "violations": self.violations, "snapshot_hash": self.snapshot_hash,
+            "error": self.error, "fault": self.fault, "violations": self.violations, "snapshot_hash": self.snapshot_hash,
         }

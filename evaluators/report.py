@@ -13,16 +13,24 @@ def _x(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
+def _tolerance(result: EvalResult) -> str:
+    if result.atol == result.rtol:
+        return f"atol=rtol={result.atol:g}"
+    return f"atol={result.atol:g}, rtol={result.rtol:g}"
+
+
 def milestone_text(result: EvalResult) -> str:
+    if result.fault == "evaluator":
+        return "not decided: the evaluation failed by the evaluator's fault (no reward)"
     if not result.correct:
         return "not reached: the candidate is not correct (reward -1)"
     if result.runtime is None:
         return "correct (reward 1 once timed; run `python3 -m utils.profiling` for speed)"
-    reward = result.reward
+    reward, margin = result.reward, f"{result.speedup_margin:.0%}"
     return {
-        3.0: "faster than both eager and torch.compile by more than 5% (reward 3: the goal)",
-        2.0: "faster than eager by more than 5%, not yet than torch.compile (reward 2)",
-        1.0: "correct, but not more than 5% faster than eager (reward 1)",
+        3.0: f"faster than both eager and torch.compile by more than {margin} (reward 3: the goal)",
+        2.0: f"faster than eager by more than {margin}, not yet than torch.compile (reward 2)",
+        1.0: f"correct, but not more than {margin} faster than eager (reward 1)",
     }.get(reward, f"reward {reward}")
 
 
@@ -30,6 +38,9 @@ def model_report(result: EvalResult) -> str:
     """What the agent sees after `python3 -m utils.verification` / `utils.profiling`."""
     title = {Mode.VERIFY: "VERIFICATION", Mode.PROFILE: "PROFILING", Mode.FINAL: "FINAL EVALUATION"}[result.mode]
     lines = [f"== {title}: {result.task_id} ({result.language}, {result.device_name or result.device}) =="]
+    if result.fault == "evaluator":
+        lines.append("EVALUATOR FAULT: the evaluation itself failed, not your code; no reward is decided by it. "
+                     "Run it again; if it keeps failing, the machine or the task is at fault.")
     if result.error:
         lines.append("FAILED: " + ("the candidate did not build or load" if not result.compiled else "error"))
         lines.append(result.error)
@@ -44,7 +55,7 @@ def model_report(result: EvalResult) -> str:
     for violation in result.violations:
         lines.append(f"RULE VIOLATION: {violation}")
     if result.trials and not result.error:
-        lines.append(f"correctness: {'PASS' if result.correct else 'FAIL'} ({sum(t.correct for t in result.trials)}/{len(result.trials)} trials, atol=rtol=1e-2)")
+        lines.append(f"correctness: {'PASS' if result.correct else 'FAIL'} ({sum(t.correct for t in result.trials)}/{len(result.trials)} trials, {_tolerance(result)})")
     if result.runtime or result.eager:
         lines.append(f"time: ModelNew {_ms(result.runtime_ms)} | eager {_ms(result.eager_ms)} | torch.compile {_ms(result.compile_ms)}  (median per call)")
         lines.append(f"speed-up: {_x(result.speedup_vs_eager)} vs eager, {_x(result.speedup_vs_compile)} vs torch.compile")

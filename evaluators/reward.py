@@ -1,9 +1,19 @@
-"""Rewards: the CUDA Agent milestone reward (eq. 1) and the raw speed-up alternative. Pure functions."""
+"""Rewards: the CUDA Agent milestone reward (eq. 1) and the raw speed-up alternative.
+
+One owner: the harness records the milestone of every result it concludes
+(``EvalResult.reward``, with the settings' margin), and whatever pays a reward for a result
+(the environments, the OpenHands plug-in, the reports) calls ``paid_reward`` — nothing
+recomputes a milestone from the times.
+"""
 
 from __future__ import annotations
 
 import math
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kernel_env.evaluators.records import EvalResult
 
 
 class RewardKind(str, Enum):
@@ -43,8 +53,14 @@ def _valid(time_ms: float | None) -> bool:
     return time_ms is not None and math.isfinite(time_ms) and time_ms > 0
 
 
-def reward(kind: RewardKind | str, correct: bool, runtime_ms: float | None, eager_ms: float | None,
-           compile_ms: float | None, margin: float = 0.05) -> float:
-    if RewardKind(kind) is RewardKind.SPEEDUP:
-        return speedup_reward(correct, runtime_ms, compile_ms)
-    return float(milestone_reward(correct, runtime_ms, eager_ms, compile_ms, margin))
+def paid_reward(result: EvalResult, kind: RewardKind | str = RewardKind.MILESTONE) -> float:
+    """The reward a trusted result pays: the milestone the harness recorded on it (-1 for a
+    result it never concluded), or with ``kind="speedup"`` t_compile / t (-1 if incorrect).
+    A result that failed by the evaluator's fault pays 0: it says nothing of the candidate, and
+    the environments end such an episode as truncated, with the fault in ``info``."""
+    kind = RewardKind(kind)
+    if result.fault == "evaluator":
+        return 0.0
+    if kind is RewardKind.SPEEDUP:
+        return speedup_reward(result.correct, result.runtime_ms, result.compile_ms)
+    return float(result.reward) if result.reward is not None else -1.0

@@ -3,7 +3,8 @@
 The public API: the environments (``make``; ``gymnasium.make("kernel_env/KernelAgent-v0")``),
 tasks (``Task``, ``load_tasks``, ``resolve_task``, ``validate_task``), workspaces and episodes
 (``Workspace``, ``Episode``, ``run_solution``), and the trusted evaluation's records
-(``EvalResult``, ``Mode``) and reward (``milestone_reward``). Names are imported on first use,
+(``EvalResult``, ``Mode``) and reward (``paid_reward``: what a result pays; ``milestone_reward``,
+``speedup_reward``). Names are imported on first use,
 so ``import kernel_env`` does not import torch; it registers the environments with gymnasium.
 """
 
@@ -15,10 +16,11 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "make": "kernel_env.envs",
-    "Episode": "kernel_env.episode", "run_solution": "kernel_env.episode",
+    "Episode": "kernel_env.runtime.episode", "run_solution": "kernel_env.runtime.episode",
     "EvalJob": "kernel_env.evaluators.records", "EvalResult": "kernel_env.evaluators.records",
     "EvalSettings": "kernel_env.evaluators.records", "Mode": "kernel_env.evaluators.records",
     "milestone_reward": "kernel_env.evaluators.reward", "speedup_reward": "kernel_env.evaluators.reward",
+    "paid_reward": "kernel_env.evaluators.reward",
     "Task": "kernel_env.tasks", "TaskError": "kernel_env.tasks", "load_tasks": "kernel_env.tasks",
     "resolve_task": "kernel_env.tasks", "validate_task": "kernel_env.tasks",
     "Workspace": "kernel_env.workspace",

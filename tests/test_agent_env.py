@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import Future
 from pathlib import Path
 
 import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
+from support import bubblewrap_skip_reason
 
 import kernel_env
 from kernel_env.envs.agent import KernelAgentEnv
-from kernel_env.evaluators.records import EvalSettings
+from kernel_env.evaluators.records import EvalResult, EvalSettings, Mode
 from kernel_env.resources import example_dir
 from kernel_env.tasks import Task
-from support import bubblewrap_skip_reason
 
 TASK = Task(id="test/relu_add_4k", name="relu_add_4k", code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 12"))
 SOLUTION = (example_dir() / "solutions" / "triton" / "model_new.py").read_text()
@@ -153,6 +154,45 @@ def test_milestone_shaping_pays_when_first_reached_and_sums_to_the_final_reward(
         env.close()
 
 
+class FinalEvaluatorFault:
+    """The shared pool, but every final evaluation fails by the evaluator's fault (a worker lost)."""
+
+    def __init__(self):
+        from kernel_env.runtime.pool import default_pool
+
+        self.inner, self.finals = default_pool(), 0
+
+    def submit(self, job):
+        if job.mode is not Mode.FINAL:
+            return self.inner.submit(job)
+        self.finals += 1
+        answer = Future()
+        answer.set_result(EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
+                                     mode=job.mode, error="the Ray worker running this job died twice", fault="evaluator"))
+        return answer
+
+    def close(self):
+        pass
+
+
+def test_an_evaluators_fault_in_the_final_evaluation_is_never_paid():
+    """Evaluated once more, then the episode is truncated with nothing settled: the milestone paid
+    by shaping stays, no -1 is paid for a correct kernel, and info names the fault."""
+    pool = FinalEvaluatorFault()
+    env = make_env(max_turns=10, shaping="milestones", pool=pool)
+    try:
+        env.reset()
+        env.step(READ_STARTER)
+        env.step(write("model_new.py", SOLUTION))
+        assert env.step(bash("python3 -m utils.verification"))[1] == 1.0
+        observation, reward, terminated, truncated, info = env.step(FINISH)
+        assert (reward, terminated, truncated) == (0.0, False, True)
+        assert info["fault"] == "evaluator" and info["final"]["fault"] == "evaluator" and info["final"]["reward"] is None
+        assert "EVALUATOR FAULT" in observation and pool.finals == 2
+    finally:
+        env.close()
+
+
 def test_what_the_agent_left_running_cannot_touch_the_final_build(env):
     env.reset()
     env.step(READ_STARTER)
@@ -196,5 +236,11 @@ def test_unknown_options_fail_at_construction():
         make_env(selection="first")
     with pytest.raises(ValueError, match="shaping"):
         make_env(shaping="dense")
+    with pytest.raises(ValueError, match="needs reward_kind='milestone'"):
+        make_env(shaping="milestones", reward_kind="speedup")
+    with pytest.raises(ValueError, match="unknown language 'fortran'"):
+        KernelAgentEnv(TASK, language="fortran", device="cpu")
+    with pytest.raises(ValueError, match="max_turns"):
+        make_env(max_turns=0)
     with pytest.raises(ValueError, match="unknown environment"):
         kernel_env.make("KernelAgent-v9")

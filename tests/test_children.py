@@ -1,4 +1,4 @@
-"""Evaluation children forked by the fork server (evaluators/zygote.py): what one sees and can do.
+"""Evaluation children forked by the fork server (evaluators/child/zygote.py): what one sees and can do.
 
 Each test runs probe code as a task's module in a real reference child (the task's code runs
 there as a candidate's would in a candidate child): the probe gathers facts and raises them,
@@ -14,8 +14,8 @@ import textwrap
 
 import pytest
 
-from kernel_env.evaluators import isolation
-from kernel_env.evaluators.isolation import Child, ChildError
+from kernel_env.evaluators import forkserver
+from kernel_env.evaluators.children import Child, ChildError
 from kernel_env.sandbox.bwrap import bubblewrap_problem
 
 pytestmark = pytest.mark.skipif(bubblewrap_problem() is not None,
@@ -172,7 +172,7 @@ def test_how_a_child_ended_is_reported():
 
 
 def test_a_child_that_cannot_be_set_up_is_a_clear_error():
-    zygote = isolation.zygote_for(ENV, gpu=False)
+    zygote = forkserver.zygote_for(ENV, gpu=False)
     folder = zygote.jobs / "test-no-such-target"
     folder.mkdir()
     try:
@@ -183,9 +183,9 @@ def test_a_child_that_cannot_be_set_up_is_a_clear_error():
 
 
 def test_a_dead_fork_server_is_started_again():
-    zygote = isolation.zygote_for(ENV, gpu=False)
+    zygote = forkserver.zygote_for(ENV, gpu=False)
     zygote.proc.kill()
     zygote.proc.wait()
     facts = probe("""facts["pid"] = os.getpid()""")
     assert facts == {"pid": 1}
-    assert isolation.zygote_for(ENV, gpu=False) is not zygote
+    assert forkserver.zygote_for(ENV, gpu=False) is not zygote

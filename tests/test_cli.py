@@ -119,6 +119,7 @@ def test_doctor_json_reports_the_machine_and_what_it_means():
     assert facts["bubblewrap"]["works"] == (bubblewrap_problem() is None)
     assert facts["evaluation_children"] == {"works": True, "isolated": bubblewrap_problem() is None, "problem": None}
     assert report["ok"] is True and report["missing"] == []
+    assert facts["grade"]["correct"] and facts["grade"]["fault"] is None, facts["grade"]  # a real grade, end to end
     gpu_line = report["meaning"][0]
     if facts["torch"]["gpus"]:
         assert "can be evaluated" in gpu_line
@@ -128,8 +129,9 @@ def test_doctor_json_reports_the_machine_and_what_it_means():
 
 
 def test_doctor_prints_a_table_and_its_meaning():
-    result = runner.invoke(app, ["doctor"])
+    result = runner.invoke(app, ["doctor", "--no-grade"])
     assert result.exit_code == 0, result.output
+    assert "grading" not in result.stdout
     for word in ("python", "torch", "nvcc", "bubblewrap", "evaluation", "ripgrep", "What this means"):
         assert word in result.stdout
 
@@ -254,7 +256,7 @@ def test_ctrl_c_reaches_a_waiting_event_loop_whichever_thread_takes_the_signal()
     import threading
     import time
 
-    from kernel_env.cli import run_interruptibly
+    from kernel_env.cli.common import run_interruptibly
 
     cleaned = []
 

@@ -21,18 +21,25 @@ import threading
 from pathlib import Path
 
 import pytest
+from scripted_llm import Reply, ScriptedLLM
 from typer.testing import CliRunner
 
-from kernel_env.agent_runner import (AgentRunConfig, RunFile, ServerUnreachable, assistant_message, request_message,
-                                     run_agent_eval, tool_messages)
 from kernel_env.cli import app
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.evaluators.reward import milestone_reward
-from kernel_env.metrics import EpisodeRecord, compute_metrics, read_records
 from kernel_env.resources import example_dir
-from kernel_env.episode import run_solution
+from kernel_env.runtime.episode import run_solution
 from kernel_env.tasks import Task, load_task_file
-from scripted_llm import Reply, ScriptedLLM
+from kernel_env.workloads.agent_eval import (
+    AgentRunConfig,
+    RunFile,
+    ServerUnreachable,
+    assistant_message,
+    request_message,
+    run_agent_eval,
+    tool_messages,
+)
+from kernel_env.workloads.metrics import EpisodeRecord, compute_metrics, read_records
 
 runner = CliRunner()
 SETTINGS = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, checked_timed_calls=5,
@@ -286,6 +293,14 @@ def test_a_run_file_cuts_a_torn_last_line_and_retries_errors(tmp_path):
     whole = tmp_path / "whole.jsonl"
     whole.write_text(done)  # a complete record whose newline was lost is kept
     assert [r.task_id for r in RunFile(whole).open().records] == ["a"] and whole.read_text() == done + "\n"
+
+
+def test_an_episode_lost_to_an_evaluators_fault_is_not_done_and_a_rerun_retries_it(tmp_path):
+    path = tmp_path / "run.jsonl"
+    run_file = RunFile(path).open()
+    run_file.append(EpisodeRecord(task_id="a", stop="evaluator_fault", error="the final evaluation failed by the "
+                                  "evaluator's fault: the Ray worker running this job died twice", final={"fault": "evaluator"}))
+    assert RunFile(path).open().done == set()
 
 
 def test_assistant_and_tool_messages_keep_the_openai_format():

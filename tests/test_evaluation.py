@@ -35,14 +35,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_env.broker import Broker, snapshot_workspace
-from kernel_env.evaluators import harness, isolation
+from kernel_env.evaluators import children, forkserver, harness
 from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.harness import evaluate
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
 from kernel_env.evaluators.static_rules import check_sources
-from kernel_env.pool import LocalPool
 from kernel_env.resources import data_dir
+from kernel_env.runtime.broker import Broker, snapshot_workspace
+from kernel_env.runtime.pool import LocalPool
+from kernel_env.sandbox.bwrap import bubblewrap_problem
 from kernel_env.tasks import Task
 from kernel_env.workspace import Workspace
 
@@ -116,7 +117,7 @@ CPP_VERIFY = [
 
 def why(result: EvalResult) -> str:
     """Everything the result says about what went wrong, for assertions and their messages."""
-    parts = [f"correct={result.correct} reward={result.reward}"]
+    parts = [f"correct={result.correct} reward={result.reward} fault={result.fault}"]
     if result.error:
         parts.append(f"error: {result.error}")
     parts += [f"violation: {v}" for v in result.violations]
@@ -127,9 +128,12 @@ def why(result: EvalResult) -> str:
 
 
 def assert_rejected(result: EvalResult, *reasons: str) -> None:
-    """Rejected (not correct, reward -1) and one of ``reasons`` (case-insensitive) said so."""
+    """Rejected (not correct, reward -1, the candidate's fault) and one of ``reasons`` (case-insensitive)
+    said so. Every attack of this suite passes here: nothing a candidate does may be classed as the
+    evaluator's fault, which would spare it its -1."""
     text = why(result)
     assert not result.correct and result.reward == -1.0, f"the attack was accepted:\n{text}"
+    assert result.fault == "candidate", f"an attack was classed as the evaluator's fault:\n{text}"
     # Refused by the source rules before anything ran is a rejection too (it names the rule and line).
     reasons = (*reasons, "the sources break the skill's rules")
     assert any(r.lower() in text.lower() for r in reasons), f"rejected, but not for {reasons}:\n{text}"
@@ -138,6 +142,7 @@ def assert_rejected(result: EvalResult, *reasons: str) -> None:
 def assert_honest(result: EvalResult) -> None:
     text = why(result)
     assert result.correct and not result.violations and result.error is None, f"an honest kernel was rejected:\n{text}"
+    assert result.fault is None, text
     assert result.reward is not None and result.reward >= 1.0, text
     assert len(result.trials) == SETTINGS.trials and all(t.correct for t in result.trials), text
 
@@ -424,7 +429,7 @@ def test_an_audited_calls_triton_launch_count_leaves_out_the_harness_kernels():
     """On a GPU the launch cover before the call and the end mark after it are Triton launches of
     the harness's own, through the same wrapped entry point as the candidate's: counted, a Triton
     forward that launched nothing read as one that launched two, and the rule never fired."""
-    from kernel_env.evaluators import guards, runner as runner_module, timing
+    from kernel_env.evaluators.child import guards, runner as runner_module, timing
 
     runner = runner_module.Runner(channel=None)
     runner.launches = guards.KernelLaunchCounter()
@@ -644,7 +649,13 @@ def test_outputs_that_are_views_of_a_buffer_stay_correct_through_timing(jobs, tm
 
 def test_a_task_whose_model_returns_no_tensor_is_the_tasks_fault(jobs):
     result = _edge(jobs, "honest", task_code=TASK_CODE.replace("return torch.relu(x + y)", "return None"))
-    assert result.reward == -1 and "the task cannot be evaluated" in (result.error or ""), why(result)
+    assert "the task cannot be evaluated" in (result.error or ""), why(result)
+    assert result.fault == "evaluator" and result.reward is None and not result.correct, why(result)
+
+
+def test_a_reference_that_fails_before_the_candidate_runs_is_the_evaluators_fault(jobs):
+    result = _edge(jobs, "honest", task_code=TASK_CODE.replace("return torch.relu(x + y)", "raise RuntimeError('broken task')"))
+    assert "broken task" in (result.error or "") and result.fault == "evaluator" and result.reward is None, why(result)
 
 
 def test_a_tuple_that_computes_its_items_when_read_is_rejected(jobs):
@@ -673,8 +684,8 @@ def test_helpers_beside_the_timed_calls_are_seen_at_run_time_even_past_the_sourc
     """Another process has a CUDA context of its own, beyond the timing's synchronise; a thread can
     hold the interpreter while the harness calibrates. The source rules refuse the ways to start
     either by name; with them off, the run-time watch still sees them."""
-    if isolation.bubblewrap_problem():
-        pytest.skip(f"NOT ENFORCED ON THIS HOST: the process watch needs the child's own pid namespace ({isolation.bubblewrap_problem()})")
+    if bubblewrap_problem():
+        pytest.skip(f"NOT ENFORCED ON THIS HOST: the process watch needs the child's own pid namespace ({bubblewrap_problem()})")
     assert check_sources(jobs.snapshot("triton", name))
     jobs.wait_all()
     if mode is Mode.PROFILE:
@@ -744,6 +755,35 @@ def test_an_endless_loop_in_forward_ends_at_the_configured_timeout(jobs):
     assert run.answered_in_time, f"no answer within 90 s with step_timeout_s=20 (ended it after {run.elapsed:.0f}s)"
     assert run.raised is None, repr(run.raised)
     assert_rejected(run.result, "took longer than 20s and was killed")
+
+
+def test_a_fork_server_killed_mid_job_is_the_evaluators_fault_and_the_next_job_runs(jobs):
+    """The candidate's process dies with its fork server (the end of the server's pid namespace
+    takes it): nothing the candidate did, so no -1; the next job gets a new server."""
+    if bubblewrap_problem():
+        pytest.skip(f"the fork server runs in a pid namespace of its own only under bubblewrap ({bubblewrap_problem()})")
+    jobs.wait_all()
+    server = forkserver.zygote_for({"TRITON_INTERPRET": "1"}, gpu=False)  # the triton-on-CPU children's server
+    job = make_job(jobs.snapshot("triton", "endless_loop"), "triton", Mode.VERIFY)
+    killed_at: list[float] = []
+
+    def kill_server_once_the_candidate_runs() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(server.jobs.glob(f"job-{job.job_id}-candidate-*")):
+            time.sleep(0.05)
+        time.sleep(2.0)  # into the endless loop
+        killed_at.append(time.monotonic())
+        server._namespace.kill()
+
+    killer = threading.Thread(target=kill_server_once_the_candidate_runs, daemon=True)
+    killer.start()
+    result = evaluate(job, baselines=jobs.baselines)
+    answered = time.monotonic()
+    killer.join(5)
+    assert killed_at, "the candidate process never started"
+    assert answered - killed_at[0] < 15, f"answered {answered - killed_at[0]:.0f} s after the server was killed"
+    assert not result.correct and result.fault == "evaluator" and result.reward is None, why(result)
+    assert_honest(evaluate(make_job(jobs.snapshot("triton", "honest"), "triton", Mode.VERIFY), baselines=jobs.baselines))
 
 
 # ============================================================================ reaching the reference
@@ -858,7 +898,8 @@ def test_a_reference_side_failure_is_an_error_result(jobs, tmp_path):
         result = evaluate(job, baselines=BaselineCache(tmp_path / "fresh-baselines"))
     except Exception as exc:  # noqa: BLE001
         pytest.fail(f"evaluate() raised {exc!r} instead of returning a result")
-    assert result.error and "took longer than" in result.error and result.reward == -1.0
+    assert result.error and "took longer than" in result.error, why(result)
+    assert result.fault == "evaluator" and result.reward is None, why(result)  # no -1 for the reference's timing
 
 
 @pytest.mark.parametrize("language", ["triton", "cpp"])
@@ -934,13 +975,13 @@ def spares(jobs, monkeypatch):
     """Warm children on for this test (on the CPU they are off by default), in a registry of its own."""
     jobs.wait_all()
     monkeypatch.setenv("KERNEL_ENV_WARM_CHILDREN", "1")
-    registry = isolation.Spares()
+    registry = children.Spares()
     monkeypatch.setattr(harness, "_SPARES", registry)
     yield registry
     registry.close()
 
 
-def _waiting_pids(registry: isolation.Spares) -> dict[str, list[int]]:
+def _waiting_pids(registry: children.Spares) -> dict[str, list[int]]:
     return {key[0]: [future.result(timeout=60).proc.pid for future in queue] for key, queue in registry._waiting.items()}
 
 
@@ -1112,7 +1153,7 @@ def test_the_pool_answers_a_job_before_its_processes_are_ended_and_ends_them_bef
     """Ending a job's processes (a CUDA context's teardown each, on a GPU) is off the caller's path:
     the job's future is answered first. The worker ends them before it takes its next job, so
     nothing of one job's runs beside the next one's timing."""
-    discard = isolation.Child.discard
+    discard = children.Child.discard
     events: list[str] = []
 
     def slow_discard(child):
@@ -1120,7 +1161,7 @@ def test_the_pool_answers_a_job_before_its_processes_are_ended_and_ends_them_bef
         discard(child)
         events.append("ended")
 
-    monkeypatch.setattr(isolation.Child, "discard", slow_discard)
+    monkeypatch.setattr(children.Child, "discard", slow_discard)
     pool = LocalPool(["cpu"], baselines=jobs.baselines)
     try:
         snapshot = jobs.snapshot("triton", "honest")

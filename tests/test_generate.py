@@ -22,15 +22,22 @@ import time
 from pathlib import Path
 
 import pytest
+from scripted_llm import Reply, ScriptedLLM
+from support import TINY_TASK
 from typer.testing import CliRunner
 
 from kernel_env.cli import app
 from kernel_env.evaluators.records import EvalSettings
-from kernel_env.generate import (GenerateConfig, QueueItem, RefineQueue, ServerUnreachable, TraceStore, generate,
-                                 select_tasks)
 from kernel_env.tasks import Task
-from scripted_llm import Reply, ScriptedLLM
-from support import TINY_TASK
+from kernel_env.workloads.generate import (
+    GenerateConfig,
+    QueueItem,
+    RefineQueue,
+    ServerUnreachable,
+    TraceStore,
+    generate,
+    select_tasks,
+)
 
 runner = CliRunner()
 SETTINGS = EvalSettings(timed_calls=10, warmup_calls=3, checked_timed_calls=3, job_timeout_s=120, compile_baseline=False)

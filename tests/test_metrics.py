@@ -12,17 +12,34 @@ from pathlib import Path
 
 import pytest
 
-from kernel_env.eval_report import PlotUnavailable, markdown, plot_speedups, rich_tables, speedups
-from kernel_env.metrics import (FAST_P, EpisodeRecord, RecordError, best_per_task, compute_metrics, geomean,
-                                group_metrics, read_records)
+from kernel_env.workloads.metrics import (
+    FAST_P,
+    EpisodeRecord,
+    RecordError,
+    best_per_task,
+    compute_metrics,
+    geomean,
+    group_metrics,
+    read_records,
+)
+from kernel_env.workloads.report import (
+    PlotUnavailable,
+    markdown,
+    plot_speedups,
+    rich_tables,
+    speedups,
+)
 
 
 def rec(task: str, *, level: int | None = 1, correct: bool = True, eager: float | None = None,
         compile: float | None = None, reward: float | None = None, stop: str = "finished", calls: int = 10,
         invalid: int = 0, **extra) -> EpisodeRecord:
-    """A record as `kernel-env eval` writes one; error records have no final evaluation."""
+    """A record as `kernel-env eval` writes one; error records have no final evaluation, and
+    evaluator-fault records one with no verdict and no reward."""
     final = None if stop == "error" else {"correct": correct, "speedup_vs_eager": eager, "speedup_vs_compile": compile}
-    if reward is None and stop != "error":
+    if stop == "evaluator_fault":
+        final = {"correct": False, "fault": "evaluator"}
+    if reward is None and stop not in ("error", "evaluator_fault"):
         reward = 1.0 if correct else -1.0
     return EpisodeRecord(task_id=task, level=level, stop=stop, final=final, reward=reward, tool_calls=calls,
                          invalid_calls=invalid, error="boom" if stop == "error" else None, **extra)
@@ -91,6 +108,12 @@ def test_an_episode_that_ended_in_error_is_a_task_that_did_not_pass():
     assert g.tasks == 3 and g.passed == 1 and g.errors == 2
     assert g.pass_rate == pytest.approx(1 / 3)
     assert g.mean_reward == 1.0  # an error has no reward: it is not averaged in as a made-up number
+
+
+def test_an_evaluators_fault_is_counted_apart_and_pays_nothing():
+    g = group_metrics("L1", [rec("a", eager=2.0), rec("b", stop="evaluator_fault"), rec("c", stop="error")])
+    assert (g.tasks, g.passed, g.errors, g.evaluator_faults) == (3, 1, 1, 1)
+    assert g.mean_reward == 1.0
 
 
 def test_an_empty_group_has_no_rates():
@@ -184,9 +207,9 @@ def test_markdown_tables_have_a_row_per_level_and_overall():
     lines = text.splitlines()
     assert lines[0] == "### model · cuda"
     main = [line for line in lines if line.startswith("| L") or line.startswith("| all")]
-    assert main[0] == "| L1 | 1 | 100.0 % | 100.0 % | 0.0 % | 2.00x | 0.50x | 2.00 | 0.0 % | 0 |"
-    assert main[1] == "| L2 | 1 | 0.0 % | 0.0 % | 0.0 % | — | — | -1.00 | 25.0 % | 0 |"
-    assert main[2] == "| all | 2 | 50.0 % | 50.0 % | 0.0 % | 2.00x | 0.50x | 0.50 | 7.1 % | 0 |"
+    assert main[0] == "| L1 | 1 | 100.0 % | 100.0 % | 0.0 % | 2.00x | 0.50x | 2.00 | 0.0 % | 0 | 0 |"
+    assert main[1] == "| L2 | 1 | 0.0 % | 0.0 % | 0.0 % | — | — | -1.00 | 25.0 % | 0 | 0 |"
+    assert main[2] == "| all | 2 | 50.0 % | 50.0 % | 0.0 % | 2.00x | 0.50x | 0.50 | 7.1 % | 0 | 0 |"
     assert "| all | torch.compile | 50.0 % | 0.0 % | 0.0 % | 0.0 % | 0.0 % |" in lines  # 0.5x is not above 0.5
     assert "| L1 | eager | 100.0 % | 100.0 % | 100.0 % | 100.0 % | 0.0 % |" in lines
 

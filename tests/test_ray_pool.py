@@ -14,8 +14,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kernel_env[ray]')")
 
 from kernel_env.evaluators.records import EvalJob, EvalSettings, Mode  # noqa: E402
-from kernel_env.pool import LocalPool, RayPool, make_pool  # noqa: E402
 from kernel_env.resources import example_dir  # noqa: E402
+from kernel_env.runtime.pool import LocalPool, RayPool, make_pool  # noqa: E402
 
 TASK_CODE = (example_dir() / "task.py").read_text().replace("1 << 24", "1 << 12")
 SOLUTION = (example_dir() / "solutions" / "triton" / "model_new.py").read_text()
@@ -55,7 +55,7 @@ def test_a_ray_job_gives_the_same_result_as_the_local_pool(ray_pool, tmp_path):
 def test_cuda_jobs_on_a_cluster_without_gpus_are_answered_with_an_error(ray_pool, tmp_path):
     cuda_job = job(tmp_path, SOLUTION).model_copy(update={"device": "cuda"})
     result = ray_pool.submit(cuda_job).result(timeout=10)
-    assert not result.correct and "no GPU" in result.error and result.reward == -1.0
+    assert not result.correct and "no GPU" in result.error and result.reward is None and result.fault == "evaluator"
 
 
 def _workers_running(name: str = "evaluate_remote") -> list[int]:
@@ -96,7 +96,7 @@ def test_a_job_whose_worker_dies_is_retried_once_then_answered_with_an_error(ray
     first = _kill_the_worker()
     _kill_the_worker(avoid=frozenset({first}))   # the retry, on a fresh worker
     result = future.result(timeout=120)
-    assert not result.correct and result.reward == -1.0
+    assert not result.correct and result.reward is None and result.fault == "evaluator"
     assert "died twice" in result.error, result.error
     # The pool still works after losing two workers.
     assert ray_pool.submit(job(tmp_path, SOLUTION)).result(timeout=300).correct

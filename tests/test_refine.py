@@ -11,6 +11,8 @@ in one pass), so load from other processes on a shared machine cannot flip the v
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import textwrap
 import warnings
 
@@ -20,9 +22,16 @@ from gymnasium.utils.env_checker import check_env
 from openai.types.chat import ChatCompletionMessage
 
 import kernel_env
-from kernel_env.envs.refine import (KernelRefineEnv, TurnResult, build_feedback, build_messages, extract_code,
-                                    parse_completion, should_stop)
-from kernel_env.evaluators.records import EvalSettings
+from kernel_env.envs.refine import KernelRefineEnv
+from kernel_env.envs.refine_protocol import (
+    TurnResult,
+    build_feedback,
+    build_messages,
+    extract_code,
+    parse_completion,
+    should_stop,
+)
+from kernel_env.evaluators.records import EvalResult, EvalSettings, Mode, TrialReport
 from kernel_env.tasks import Task
 
 SETTINGS = EvalSettings(timed_calls=10, warmup_calls=3, checked_timed_calls=3, job_timeout_s=120, compile_baseline=False)
@@ -237,7 +246,7 @@ def test_trace_is_in_the_seed_format(scenario):
     for number, turn in enumerate(trace["turns"], 1):
         assert {"turn", "thinking", "model_reasoning", "triton_code", "full_completion", "feedback_given", "result"} <= turn.keys()
         assert turn["turn"] == number
-    first, last = trace["turns"][0], trace["turns"][-1]
+    first = trace["turns"][0]
     assert first["thinking"] == "I will write a kernel for relu(x + y)."
     assert first["model_reasoning"] == "The server's reasoning for turn 1."
     assert first["triton_code"].strip() == MULTIPLIES.strip() and first["full_completion"] == SCENARIO[0]["content"]
@@ -493,3 +502,24 @@ def test_the_prompt_of_each_language_names_its_tag_and_rules():
         assert f"<{language}>...</{language}>" in system["content"] and "## Rules" in system["content"]
         assert "up to 4 attempts" in system["content"] and TASK.code.strip() in user["content"]
     assert "attempts" not in build_messages(TASK, "triton", max_turns=1)[0]["content"]
+
+
+def test_the_prompt_and_the_feedback_state_the_tolerance_the_evaluation_uses():
+    strict = EvalSettings(trials=3, atol=1e-3, rtol=1e-4)
+    system = build_messages(TASK, "triton", settings=strict)[0]["content"]
+    assert "correctness on 3 random input sets (atol = 0.001, rtol = 0.0001)" in system, system
+    assert "on 5 random input sets (atol = rtol = 0.01)" in build_messages(TASK, "triton")[0]["content"]
+    judged = EvalResult(job_id="j", task_id=TASK.id, language="triton", device="cpu", mode=Mode.PROFILE, correct=False,
+                        trials=[TrialReport(trial=0, correct=False, message="3 elements differ")], reward=-1.0,
+                        atol=strict.atol, rtol=strict.rtol)
+    feedback = build_feedback(TurnResult.from_eval(judged))
+    assert feedback.startswith("Incorrect output: mismatch with the PyTorch reference (atol=0.001, rtol=0.0001): "
+                               "trial 1: 3 elements differ"), feedback
+
+
+def test_the_refine_protocol_imports_nothing_of_the_environment():
+    probe = ("import sys, kernel_env.envs.refine_protocol; "
+             "print(sorted(m for m in ('kernel_env.envs.refine', 'kernel_env.envs.common', 'kernel_env.runtime.episode', "
+             "'kernel_env.sandbox') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", f"importing the refine protocol loaded {loaded}"

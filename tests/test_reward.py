@@ -1,4 +1,4 @@
-"""The reward (evaluators/reward.py) and the output comparison (evaluators/compare.py): pure
+"""The reward (evaluators/reward.py) and the output comparison (evaluators/child/compare.py): pure
 functions, tested exhaustively.
 
 Milestone reward, CUDA Agent eq. (1): -1 if incorrect; 3 if more than 5 % faster than both eager
@@ -18,9 +18,15 @@ import math
 import pytest
 import torch
 
-from kernel_env.evaluators.compare import compare_outputs
+from kernel_env.evaluators.child.compare import compare_outputs
 from kernel_env.evaluators.records import EvalResult, Mode, Timing
-from kernel_env.evaluators.reward import RewardKind, faster, milestone_reward, reward, speedup_reward
+from kernel_env.evaluators.reward import (
+    RewardKind,
+    faster,
+    milestone_reward,
+    paid_reward,
+    speedup_reward,
+)
 
 NAN, INF = float("nan"), float("inf")
 
@@ -102,7 +108,6 @@ def test_milestones(runtime, eager, compiled, expected):
 )
 def test_incorrect_is_minus_one_whatever_the_times(runtime, eager, compiled):
     assert milestone_reward(False, runtime, eager, compiled) == -1
-    assert reward("milestone", False, runtime, eager, compiled) == -1.0
 
 
 @pytest.mark.parametrize(
@@ -153,8 +158,9 @@ def test_milestone_margin_is_configurable():
 def test_speedup_reward(correct, runtime, compiled, expected):
     got = speedup_reward(correct, runtime, compiled)
     assert got == pytest.approx(expected) and isinstance(got, float)
-    assert reward(RewardKind.SPEEDUP, correct, runtime, 123.0, compiled) == pytest.approx(expected)
-    assert reward("speedup", correct, runtime, 123.0, compiled) == pytest.approx(expected)
+    result = _result(correct=correct, runtime=runtime, compiled=compiled, reward=3.0)
+    assert paid_reward(result, RewardKind.SPEEDUP) == pytest.approx(expected)
+    assert paid_reward(result, "speedup") == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(("runtime", "compiled"), [(NAN, 1.0), (1.0, NAN), (1.0, INF), (-1.0, 1.0), (1.0, -1.0)])
@@ -163,13 +169,23 @@ def test_speedup_reward_of_nonsense_times_is_a_plain_finite_non_negative_number(
     assert math.isfinite(got) and got >= 0.0
 
 
-def test_reward_dispatch_and_types():
-    assert reward("milestone", True, 1.0, 100.0, 100.0) == 3.0
-    assert isinstance(reward("milestone", True, 1.0, 100.0, 100.0), float)
-    assert reward(RewardKind.MILESTONE, True, 1.0, 100.0, 1.0) == 2.0
-    assert reward("milestone", True, 1.0, 100.0, 100.0, margin=0.999) == 1.0
+def _result(*, correct: bool, runtime: float | None = None, eager: float | None = None, compiled: float | None = None,
+            reward: float | None = None) -> EvalResult:
+    def timing(ms):
+        return None if ms is None else Timing(median_ms=ms, min_ms=ms, max_ms=ms, calls=10)
+    return EvalResult(job_id="j", task_id="t", language="cpp", device="cpu", mode=Mode.FINAL, correct=correct,
+                      runtime=timing(runtime), eager=timing(eager), compiled_baseline=timing(compiled), reward=reward)
+
+
+def test_the_paid_milestone_is_the_one_the_harness_recorded_never_recomputed():
+    # Times that would give 3 at the default margin: the recorded milestone (judged with another
+    # margin, say) is what is paid.
+    result = _result(correct=True, runtime=1.0, eager=100.0, compiled=100.0, reward=1.0)
+    assert paid_reward(result) == 1.0 and isinstance(paid_reward(result), float)
+    assert paid_reward(result, "milestone") == 1.0
+    assert paid_reward(_result(correct=True, runtime=1.0, eager=100.0, compiled=100.0)) == -1.0  # never concluded
     with pytest.raises(ValueError):
-        reward("fastest", True, 1.0, 1.0, 1.0)
+        paid_reward(result, "fastest")
 
 
 def test_eval_result_speedups_follow_the_median_times():
@@ -411,7 +427,7 @@ def test_the_quick_check_of_passing_outputs_agrees_with_the_full_one(seed, monke
     else by the full check: on random near misses, NaN, Inf and the tolerance's edge, both say
     the same, with the same errors (to float32's precision: the quick check of an output of 32
     bits or fewer runs in float32)."""
-    from kernel_env.evaluators import compare
+    from kernel_env.evaluators.child import compare
 
     g = torch.Generator().manual_seed(seed)
     dtype = (torch.float32, torch.float16, torch.bfloat16, torch.float64)[seed % 4]

@@ -19,8 +19,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from support import TINY_TASK, memory_limit_skip_reason, process_limit_skip_reason
+
 from kernel_env.sandbox.base import SandboxError
 from kernel_env.sandbox.bwrap import python_executable
 from kernel_env.sandbox.limits import Limits
@@ -289,7 +289,7 @@ def test_a_driver_holding_more_than_1024_files_still_runs_and_closes_sandboxes(m
     waits with poll, and Episode.open raises the soft limit on open files to the hard one."""
     import resource
 
-    from kernel_env.episode import allow_many_open_files
+    from kernel_env.runtime.episode import allow_many_open_files
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:

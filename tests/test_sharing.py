@@ -9,13 +9,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from kernel_env.evaluators.children import Child, Spares
 from kernel_env.evaluators.harness import evaluate
-from kernel_env.evaluators.isolation import Child, Spares
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
 from kernel_env.evaluators.sharing import DeviceLease
-
-from kernel_env import pool as pool_module
 from kernel_env.resources import example_dir
+from kernel_env.runtime import pool as pool_module
 
 
 class _Child:
@@ -300,3 +300,25 @@ def test_a_job_short_of_device_memory_beside_others_is_run_again_alone(monkeypat
     started_after = log[log.index(big[1]) + 1:]
     assert all("big" not in others for _, _, others in started_after)  # ... nor began beside it
     assert any(others for _, _, others in log)  # the other jobs did share the GPU
+
+
+def test_a_harness_error_answers_the_job_as_the_evaluators_fault_and_the_pool_goes_on(monkeypatch):
+    """A bug in the harness must still answer its job, with no reward (never a -1 for the
+    candidate), and must not stop the pool from evaluating the next one."""
+    def fake_evaluate(job, *, device, lease=None, answer=None, **options):
+        if job.job_id == "broken":
+            raise RuntimeError("a harness bug")
+        result = EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
+                            mode=job.mode, correct=True, reward=1.0)
+        if answer is not None:
+            answer(result)
+        return result
+
+    monkeypatch.setattr(pool_module, "evaluate", fake_evaluate)
+    jobs = [EvalJob(job_id=name, task_id="t", task_code="", language="cpp", device="cpu", mode=Mode.VERIFY,
+                    snapshot_dir=Path("/nonexistent")) for name in ("broken", "next")]
+    with pool_module.LocalPool(["cpu"]) as pool:
+        broken, following = (pool.submit(job).result(timeout=30) for job in jobs)
+    assert broken.fault == "evaluator" and broken.reward is None and not broken.correct, broken
+    assert "internal evaluation error: RuntimeError: a harness bug" in (broken.error or "")
+    assert following.correct and following.fault is None

@@ -12,12 +12,19 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support import TINY_TASK
 from typer.testing import CliRunner
 
 from kernel_env.cli import app
-from kernel_env.task_sources import detect_shape, kernelbook_code, write_records
-from kernel_env.tasks import Task, TaskError, load_kernelbench, load_tasks, resolve_task, validate_task
-from support import TINY_TASK
+from kernel_env.tasks import (
+    Task,
+    TaskError,
+    load_kernelbench,
+    load_tasks,
+    resolve_task,
+    validate_task,
+)
+from kernel_env.tasks.sources import detect_shape, kernelbook_code, write_records
 
 runner = CliRunner()
 

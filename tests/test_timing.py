@@ -7,8 +7,12 @@ import time
 import pytest
 import torch
 
+from kernel_env.evaluators.child.timing import (
+    fingerprint,
+    fingerprints_match,
+    time_calls,
+)
 from kernel_env.evaluators.harness import _clock_mismatch
-from kernel_env.evaluators.timing import fingerprint, fingerprints_match, time_calls
 
 
 def _inputs(seed: int) -> list[torch.Tensor]:
@@ -119,7 +123,7 @@ def test_the_launch_cover_compiles_for_hopper_and_ends_every_block_at_one_deadli
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernel_env.evaluators import timing
+    from kernel_env.evaluators.child import timing
 
     source = ASTSource(fn=timing.kernel_env_launch_cover, signature={"deadline_ptr": "*i64", "duration_ns": "i32"}, constexprs={})
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": timing._COVER_WARPS}).asm["ptx"]
@@ -143,7 +147,7 @@ def test_time_calls_reports_what_each_timing_is_made_of():
 
 
 def test_audited_calls_get_the_bench_at_their_secret_positions_on_inputs_of_their_own():
-    from kernel_env.evaluators.timing import Bench
+    from kernel_env.evaluators.child.timing import Bench
 
     seen = []
 
@@ -160,7 +164,7 @@ def test_audited_calls_get_the_bench_at_their_secret_positions_on_inputs_of_thei
 
 
 def test_work_outside_the_call_is_read_against_the_marks_placed_by_the_harness_kernels():
-    from kernel_env.evaluators.guards import outside_the_call_ns
+    from kernel_env.evaluators.child.guards import outside_the_call_ns
 
     names = ("kernel_env_launch_cover", "kernel_env_end_mark")
     # (name, start, end, correlation id: the launch order); the harness launches the flush, the cover,

@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from kernel_env.evaluators import runner as runner_module
-from kernel_env.evaluators.runner import read_outputs, write_outputs
+from kernel_env.evaluators.child import runner as runner_module
+from kernel_env.evaluators.child.runner import read_outputs, write_outputs
 
 CPU = torch.device("cpu")
 

@@ -6,5 +6,5 @@ Each plug-in is an optional extra with its own module, imported only when asked 
   agent works on a task in kernel_env's sandbox; see docs/openhands.md.
 
 A plug-in never changes what an episode is: the workspace, the sandbox, the broker and the final
-trusted evaluation are ``kernel_env.episode.Episode``'s, so a plug-in's reward is KernelAgent-v0's.
+trusted evaluation are ``kernel_env.runtime.episode.Episode``'s, so a plug-in's reward is KernelAgent-v0's.
 """

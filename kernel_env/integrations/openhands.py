@@ -20,7 +20,7 @@ or, written the way an OpenHands program is::
 
 The pieces (docs/openhands.md says why this design):
 
-- ``KernelWorkspace``: an OpenHands ``LocalWorkspace`` that *is* one ``kernel_env.episode.Episode``
+- ``KernelWorkspace``: an OpenHands ``LocalWorkspace`` that *is* one ``kernel_env.runtime.episode.Episode``
   (workspace, sandbox, broker on the shared pool). Its ``execute_command`` and file transfers run
   in the episode's sandbox; ``final_evaluation`` is ``Episode.final_evaluation``.
 - ``KERNEL_TOOLS``: kernel_env's tools (Bash, Read, Write, Edit, MultiEdit, Glob, Grep, TodoWrite,
@@ -63,30 +63,43 @@ os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
 try:
     from openhands.sdk import LLM, Agent, AgentContext, Conversation
     from openhands.sdk.conversation.exceptions import ConversationRunError
-    from openhands.sdk.conversation.state import ConversationExecutionStatus, ConversationState
+    from openhands.sdk.conversation.state import (
+        ConversationExecutionStatus,
+        ConversationState,
+    )
     from openhands.sdk.conversation.visualizer import DefaultConversationVisualizer
     from openhands.sdk.event import Event, LLMConvertibleEvent
     from openhands.sdk.event.conversation_error import ConversationErrorEvent
     from openhands.sdk.skills import Skill
-    from openhands.sdk.tool import (Action, Observation, Tool, ToolAnnotations, ToolDefinition, ToolExecutor,
-                                    register_tool)
-    from openhands.sdk.workspace import CommandResult, FileOperationResult, LocalWorkspace
+    from openhands.sdk.tool import (
+        Action,
+        Observation,
+        Tool,
+        ToolAnnotations,
+        ToolDefinition,
+        ToolExecutor,
+        register_tool,
+    )
+    from openhands.sdk.workspace import (
+        CommandResult,
+        FileOperationResult,
+        LocalWorkspace,
+    )
 except ModuleNotFoundError as exc:  # the extra is not installed
     raise ModuleNotFoundError(f"kernel_env.integrations.openhands needs the OpenHands SDK ({exc}); "
                               "install it with: pip install 'kernel_env[openhands]'", name=exc.name) from exc
 
 from pydantic import Field, PrivateAttr, create_model
 
-from kernel_env.episode import Episode, Selection, default_device
 from kernel_env.evaluators.records import EvalResult, EvalSettings
 from kernel_env.evaluators.report import model_report
-from kernel_env.evaluators.reward import RewardKind, reward as compute_reward
-from kernel_env.pool import GpuPool, shared_pool
+from kernel_env.evaluators.reward import RewardKind, paid_reward
 from kernel_env.resources import skill_file
+from kernel_env.runtime.episode import Episode, Selection, default_device
+from kernel_env.runtime.pool import GpuPool, shared_pool
 from kernel_env.sandbox import SandboxError
 from kernel_env.tasks import Task, resolve_task
-from kernel_env.tools import DEFAULT_MAX_OUTPUT_CHARS, TOOLS, ToolBox, ToolCall
-from kernel_env.tools import Tool as KernelEnvTool
+from kernel_env.tools import DEFAULT_MAX_OUTPUT_CHARS, TOOLS, Tool as KernelEnvTool, ToolBox, ToolCall
 from kernel_env.tools.schema import unwrap
 
 #: kernel_env's tools offered to an OpenHands agent: all but Finish (OpenHands' own finish ends
@@ -169,7 +182,7 @@ class KernelWorkspace(LocalWorkspace):
 
     def final_evaluation(self, selection: Selection = "best") -> EvalResult:
         """``Episode.final_evaluation``: everything the agent started is killed, the solution is
-        rebuilt from scratch and evaluated by the trusted harness (see kernel_env.episode)."""
+        rebuilt from scratch and evaluated by the trusted harness (see kernel_env.runtime.episode)."""
         return self.episode.final_evaluation(selection)
 
     def task_prompt(self, max_iterations: int | None = None) -> str:
@@ -364,7 +377,8 @@ def kernel_agent(llm: LLM, language: str, *, tools: Iterable[str] | None = None,
 @dataclass
 class OpenHandsRun:
     """One OpenHands episode: how the conversation ended, the trusted final evaluation, the reward
-    (KernelAgent-v0's for the same final evaluation), and the conversation as JSON."""
+    (KernelAgent-v0's for the same final evaluation: ``paid_reward``, so 0 when the final
+    evaluation failed by the evaluator's fault; ``fault`` says so), and the conversation as JSON."""
 
     task_id: str
     language: str
@@ -380,8 +394,13 @@ class OpenHandsRun:
     #: The conversation as the LLM saw it (chat-completions messages).
     messages: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def fault(self) -> str | None:
+        """Whose fault a failed final evaluation is ("candidate", "evaluator"), None when correct."""
+        return self.final.fault
+
     def summary(self) -> dict[str, Any]:
-        """``EvalResult.summary()`` of the final evaluation, with the episode's reward and ending."""
+        """``EvalResult.summary()`` of the final evaluation (``fault`` included), with the episode's reward and ending."""
         return {**self.final.summary(), "episode_reward": self.reward, "ended": self.ended,
                 "evaluations": self.evaluations}
 
@@ -411,7 +430,7 @@ def run_openhands(task: Task | str, llm: LLM, *, language: str | None = None, de
     the run to (``OpenHandsRun.write``). ``visualize``: OpenHands' console rendering of each event."""
     if max_iterations < 1:
         raise ValueError(f"max_iterations must be at least 1, got {max_iterations}")
-    kind = RewardKind(reward_kind)
+    RewardKind(reward_kind)  # an unknown kind fails here, before the episode starts
     with KernelWorkspace.open(task, language=language, device=device, sandbox=sandbox, pool=pool, settings=settings,
                               kernelbench_root=kernelbench_root) as workspace:
         agent = kernel_agent(llm, workspace.language, tools=tools, **agent_options)
@@ -431,10 +450,9 @@ def run_openhands(task: Task | str, llm: LLM, *, language: str | None = None, de
         finally:
             conversation.close()
         episode = workspace.episode
-        margin = (settings or EvalSettings()).speedup_margin
         run = OpenHandsRun(
             task_id=episode.task.id, language=workspace.language, device=episode.device, ended=ended, final=final,
-            reward=compute_reward(kind, final.correct, final.runtime_ms, final.eager_ms, final.compile_ms, margin),
+            reward=paid_reward(final, reward_kind),
             evaluations=[result.summary() for result in episode.results],
             events=[event.model_dump(mode="json") for event in events],
             messages=llm.format_messages_for_llm(

@@ -113,7 +113,7 @@ def base_argv(state_dir: Path, *, network: bool = False, new_session: bool = Tru
     """bwrap options for an unprivileged, offline view of the toolchain; callers add their own binds.
 
     ``host_proc``: the host's /proc rather than one of the sandbox's pid namespace, for a
-    sandbox whose processes mount their own in namespaces they create (evaluators/zygote.py);
+    sandbox whose processes mount their own in namespaces they create (evaluators/child/zygote.py);
     never for one that runs untrusted code."""
     argv = [shutil.which("bwrap") or "bwrap"]
     if die_with_parent:

@@ -16,6 +16,9 @@ container left whose owner process is gone (containers are labelled with their o
 
 This module needs an Engine on this machine: workspaces and the toolchain are bind mounts of
 host paths. It never pulls an image: building them is ``kernel-env image build``.
+
+Why one module of ~500 lines: the container's whole security posture (mounts, user, caps,
+cgroups, lifetime, reaping) must be read together to be audited.
 """
 
 from __future__ import annotations

@@ -22,7 +22,14 @@ from pathlib import Path
 
 from kernel_env.headers import SANDBOX_HEADERS, host_folder
 from kernel_env.sandbox.base import SandboxError
-from kernel_env.sandbox.bwrap import SANDBOX_UID, PidNamespace, base_argv, bubblewrap_problem, python_executable, spawn
+from kernel_env.sandbox.bwrap import (
+    SANDBOX_UID,
+    PidNamespace,
+    base_argv,
+    bubblewrap_problem,
+    python_executable,
+    spawn,
+)
 from kernel_env.sandbox.client import (
     SANDBOX_BIN,
     SANDBOX_BROKER,

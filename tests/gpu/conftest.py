@@ -1,8 +1,9 @@
 """GPU tests: run on a machine with a CUDA GPU, `pytest -m gpu tests/gpu`."""
 
 import pytest
+
 from kernel_env.evaluators.baselines import BaselineCache
-from kernel_env.pool import LocalPool
+from kernel_env.runtime.pool import LocalPool
 
 
 @pytest.fixture(scope="session")

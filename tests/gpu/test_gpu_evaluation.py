@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_env.episode import Episode, run_solution
 from kernel_env.evaluators.records import EvalSettings, Mode
-from kernel_env.pool import SHORT_OF_MEMORY_STEP
 from kernel_env.resources import example_dir
+from kernel_env.runtime.episode import Episode, run_solution
+from kernel_env.runtime.pool import SHORT_OF_MEMORY_STEP
 from kernel_env.tasks import Task, resolve_task
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -91,8 +91,11 @@ def _audited_outside(bench, record, fn, events_late_us: list | None = None) -> f
     """How far outside its marks, beyond the tolerances, one audited call of ``fn`` ran work
     (negative: within them), placed as the runner places them. ``events_late_us`` gets how far
     past the end the old placement (the cover's end plus the events' reading) put the call's work."""
-    from kernel_env.evaluators.guards import EARLY_WORK_TOLERANCE_US, LATE_WORK_TOLERANCE_US
-    from kernel_env.evaluators.timing import COVER_KERNEL, END_KERNEL
+    from kernel_env.evaluators.child.guards import (
+        EARLY_WORK_TOLERANCE_US,
+        LATE_WORK_TOLERANCE_US,
+    )
+    from kernel_env.evaluators.child.timing import COVER_KERNEL, END_KERNEL
 
     bench.marks.use_default_stream()
     with record:
@@ -158,8 +161,8 @@ def test_the_device_record_places_the_marks_and_sees_every_stream():
     does in (nearly) every audited call."""
     import time
 
-    from kernel_env.evaluators.guards import DeviceRecord
-    from kernel_env.evaluators.timing import COVER_KERNEL, END_KERNEL, Bench
+    from kernel_env.evaluators.child.guards import DeviceRecord
+    from kernel_env.evaluators.child.timing import COVER_KERNEL, END_KERNEL, Bench
 
     current, joined, left_running = _relu_add_calls(1 << 20)
     bench = Bench(torch.device("cuda:0"), launch_cover_us=200)
@@ -201,8 +204,8 @@ def test_an_honest_audited_call_on_a_device_shared_with_another_process_is_not_a
     import subprocess
     import sys
 
-    from kernel_env.evaluators.guards import DeviceRecord
-    from kernel_env.evaluators.timing import COVER_KERNEL, END_KERNEL, Bench
+    from kernel_env.evaluators.child.guards import DeviceRecord
+    from kernel_env.evaluators.child.timing import COVER_KERNEL, END_KERNEL, Bench
 
     current, joined, left_running = _relu_add_calls(1 << 20)
     bench = Bench(torch.device("cuda:0"), launch_cover_us=200)
@@ -275,7 +278,7 @@ def test_torch_in_calls_that_find_the_device_busy_is_caught(pool, tmp_path):
 
 
 def test_the_audit_sees_data_leave_the_gpu_but_not_a_size_read():
-    from kernel_env.evaluators.guards import TorchComputeAudit
+    from kernel_env.evaluators.child.guards import TorchComputeAudit
 
     x = torch.randn(1 << 16, device="cuda:0")
     audit = TorchComputeAudit()
@@ -291,7 +294,7 @@ def test_the_audit_sees_data_leave_the_gpu_but_not_a_size_read():
 def _time_median_ms(fn, cover_us: float, calls: int = 20) -> float:
     import statistics
 
-    from kernel_env.evaluators.timing import time_calls
+    from kernel_env.evaluators.child.timing import time_calls
 
     times, _ = time_calls(fn, lambda seed: [], range(calls), torch.device("cuda:0"), warmup_seeds=range(3),
                           launch_cover_us=cover_us)
@@ -347,7 +350,8 @@ def test_the_fork_server_never_initialises_cuda_and_its_children_use_the_gpu():
     import os
     import time
 
-    from kernel_env.evaluators.isolation import Child, zygote_for
+    from kernel_env.evaluators.children import Child
+    from kernel_env.evaluators.forkserver import zygote_for
 
     env = {"CUDA_VISIBLE_DEVICES": "0"}
     server = zygote_for(env, gpu=True)

@@ -13,7 +13,7 @@ from kernel_env.evaluators.records import EvalJob, EvalSettings, Mode
 from kernel_env.resources import example_dir
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kernel_env[ray]')")
-from kernel_env.pool import RayPool  # noqa: E402
+from kernel_env.runtime.pool import RayPool  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
 

@@ -1,5 +1,9 @@
 """utils/build.py — builds this workspace's kernels (PROTECTED: read-only, hash-checked).
 
+Why one long file: it is copied into every workspace and protected by its hash, and it runs
+inside the sandbox with only the standard library and torch: one self-contained file is what
+the sandbox can hash-check and run, and what an agent can read.
+
 Run it as ``bash utils/compile.sh`` (CUDA: ``TORCH_CUDA_ARCH_LIST=9.0 bash utils/compile.sh``).
 ``bash utils/compile.sh kernels/foo.cu`` compiles just the named sources, without linking
 (a quick "does this file compile?").

@@ -22,7 +22,9 @@ What counts, and why:
   episode figures (``episodes``, ``invalid_call_rate``) are over every episode of the group.
 - An episode that ended in error (the model server failed) has no final evaluation and counts as
   a task that did not pass; ``errors`` says how many tasks that is, so a broken run is not
-  mistaken for a weak model.
+  mistaken for a weak model. So does an episode whose final evaluation failed by the evaluator's
+  fault (``stop="evaluator_fault"``: a lost worker, the reference failing; never paid as a
+  reward), counted apart in ``evaluator_faults``.
 - Rates are fractions in [0, 1]. A figure that cannot be computed is None, never 0: every rate
   of a group without tasks; geomeans with no correct solution; the vs-compile figures when
   correct solutions exist but none has a torch.compile time (the baseline was switched off);
@@ -45,7 +47,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 FAST_P = (0.0, 0.5, 1.0, 1.5, 2.0)
 BASELINES = ("eager", "compile")
 Baseline = Literal["eager", "compile"]
-Stop = Literal["finished", "turn_limit", "error"]
+Stop = Literal["finished", "turn_limit", "error", "evaluator_fault"]
+#: Stops with no trusted verdict on the solution: a rerun of the run file tries them again.
+UNDECIDED_STOPS = ("error", "evaluator_fault")
 OVERALL = "all"
 
 
@@ -56,10 +60,11 @@ class RecordError(ValueError):
 class EpisodeRecord(BaseModel):
     """One finished episode, as ``kernel-env eval`` writes it (one JSON object per line).
 
-    ``stop``: "finished" (the model called Finish), "turn_limit", or "error" (``error`` says
-    why). ``final`` is the trusted final evaluation (``EvalResult.summary()``) and
+    ``stop``: "finished" (the model called Finish), "turn_limit", "error" (``error`` says
+    why), or "evaluator_fault" (the final evaluation failed by the evaluator's fault, twice;
+    ``error`` says how). ``final`` is the trusted final evaluation (``EvalResult.summary()``) and
     ``final_report`` its text, None on error. ``reward`` is the episode's return (the final
-    milestone: -1, 1, 2, 3), None on error. ``tool_calls`` counts the calls the model made (a reply
+    milestone: -1, 1, 2, 3), None on error or evaluator fault. ``tool_calls`` counts the calls the model made (a reply
     without any counts as one call, which the environment answers as invalid); ``invalid_calls``
     those the environment could not run as given. ``messages`` is the conversation in OpenAI
     format and ``tools`` the function schemas offered (what SFT needs); ``evaluations`` every
@@ -149,6 +154,7 @@ class GroupMetrics:
     tasks: int
     episodes: int
     errors: int
+    evaluator_faults: int
     passed: int
     pass_rate: float | None
     faster: dict[str, float | None]
@@ -208,6 +214,7 @@ def group_metrics(group: str, records: Sequence[EpisodeRecord]) -> GroupMetrics:
         tasks=tasks,
         episodes=len(records),
         errors=sum(record.stop == "error" for record in counted),
+        evaluator_faults=sum(record.stop == "evaluator_fault" for record in counted),
         passed=len(correct),
         pass_rate=_rate(len(correct), tasks),
         faster={b: _faster_rate(correct, tasks, b) for b in BASELINES},
@@ -232,7 +239,7 @@ def best_per_task(records: Iterable[EpisodeRecord]) -> dict[str, EpisodeRecord]:
 def _rank(record: EpisodeRecord) -> tuple[bool, float, float, float, bool]:
     missing = -math.inf
     return (record.correct, record.speedup("compile") or missing, record.speedup("eager") or missing,
-            missing if record.reward is None else record.reward, record.stop != "error")
+            missing if record.reward is None else record.reward, record.stop not in UNDECIDED_STOPS)
 
 
 def fast_p(correct: Iterable[EpisodeRecord], tasks: int, baseline: Baseline, p: float) -> float | None:

@@ -14,7 +14,7 @@ prompt as the first user message, then per turn the model's assistant message (i
 A reply without a tool call is stepped as text too (the environment answers it as an invalid
 call, and the turn counts); the model then gets that answer and a short nudge as a user message.
 
-Records (``kernel_env.metrics.EpisodeRecord``) hold what RFT/SFT needs: ``messages`` (exactly
+Records (``kernel_env.workloads.metrics.EpisodeRecord``) hold what RFT/SFT needs: ``messages`` (exactly
 what the model saw and said, plus vLLM's ``reasoning_content``), ``tools`` (the function
 schemas), every evaluation, the final one, ``reward``, ``invalid_calls`` and ``stop``
 ("finished": the model called Finish; "turn_limit"; "error"). Rejection fine-tuning keeps
@@ -22,11 +22,14 @@ schemas), every evaluation, the final one, ``reward``, ``invalid_calls`` and ``s
 
 Failure: a model call that fails (HTTP 5xx, timeout, a dropped connection) is retried
 ``model_retries`` times with backoff; then the episode is recorded with ``stop="error"`` and the
-run goes on; any other failure inside an episode is recorded the same way. A server that cannot
+run goes on; any other failure inside an episode is recorded the same way. An episode whose final
+evaluation failed by the evaluator's fault (the environment truncates it, ``info["fault"]``) is
+recorded with ``stop="evaluator_fault"`` and no reward: it says nothing of the model. A server that cannot
 be reached at all ends the run (``ServerUnreachable``), before the first episode or when an
 episode's retries end on a refused connection; finished records stay. Every record is appended
 and flushed as its episode ends, and a rerun with the same output skips every task that already
-has a non-error record, so an interrupted or partly failed run is resumed by running it again.
+has a record with a verdict (not "error" nor "evaluator_fault"), so an interrupted or partly
+failed run is resumed by running it again.
 """
 
 from __future__ import annotations
@@ -45,17 +48,29 @@ from typing import Any
 import openai
 
 from kernel_env.envs.agent import KernelAgentEnv
-from kernel_env.episode import EpisodeError, Selection, check_device, default_device
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.languages import get_language
-from kernel_env.llm import choose_model, why
-from kernel_env.metrics import EpisodeRecord, RecordError, read_records
-from kernel_env.pool import GpuPool
+from kernel_env.runtime.episode import (
+    EpisodeError,
+    Selection,
+    check_device,
+    default_device,
+)
+from kernel_env.runtime.pool import GpuPool
 from kernel_env.tasks import Task
+from kernel_env.workloads.llm import (
+    DEFAULT_BASE_URL,
+    NoChoices,
+    RunError,
+    RunSummary,
+    ServerUnreachable,
+    choose_model,
+    why,
+)
+from kernel_env.workloads.metrics import UNDECIDED_STOPS, EpisodeRecord, RecordError, read_records
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASE_URL = "http://localhost:8000/v1"
 #: The paper's evaluation budget (training uses 150).
 DEFAULT_MAX_TURNS = 200
 
@@ -74,16 +89,8 @@ NUDGE = ("Your reply had no tool call, so nothing was done (the environment's an
          "model_new.py hold your final solution.")
 
 
-class EvalRunError(RuntimeError):
-    """The run cannot go on here (the message says why and what to do): a usage or environment error."""
-
-
-class ServerUnreachable(EvalRunError):
-    """The model server does not answer at its address."""
-
-
-class NoChoices(openai.OpenAIError):
-    """The server answered a chat completion without any choice."""
+#: The run's error under the name this module's callers know (``ServerUnreachable`` is one).
+EvalRunError = RunError
 
 
 class ModelCallFailed(RuntimeError):
@@ -126,27 +133,23 @@ class AgentRunConfig:
 
 
 @dataclass
-class RunSummary:
-    """What a run did. ``errors`` maps tasks whose episode ended in error to why (a rerun retries them)."""
+class EvalSummary(RunSummary):
+    """What a run did. ``errors`` maps tasks whose episode ended in error to why, and
+    ``evaluator_faults`` those whose final evaluation failed by the evaluator's fault (a rerun
+    retries both)."""
 
-    model: str = ""
-    selected: int = 0
-    skipped: int = 0
     finished: int = 0
     turn_limit: int = 0
     errors: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def to_do(self) -> int:
-        return self.selected - self.skipped
+    evaluator_faults: dict[str, str] = field(default_factory=dict)
 
     @property
     def written(self) -> int:
-        return self.finished + self.turn_limit + len(self.errors)
+        return self.finished + self.turn_limit + len(self.errors) + len(self.evaluator_faults)
 
 
 #: Called after every episode's record is written: (the record, the summary so far).
-ProgressCallback = Callable[[EpisodeRecord, RunSummary], None]
+ProgressCallback = Callable[[EpisodeRecord, EvalSummary], None]
 
 
 # ============================================================================ the output
@@ -173,8 +176,8 @@ class RunFile:
 
     @property
     def done(self) -> set[str]:
-        """Tasks with a record that did not end in error: a rerun skips them."""
-        return {record.task_id for record in self.records if record.stop != "error"}
+        """Tasks with a record that has a verdict (not an error, not an evaluator's fault): a rerun skips them."""
+        return {record.task_id for record in self.records if record.stop not in UNDECIDED_STOPS}
 
     def append(self, record: EpisodeRecord) -> None:
         """Write one record as a line; on disk (flushed, fsynced) when this returns."""
@@ -205,7 +208,7 @@ class RunFile:
 
 
 async def run_agent_eval(tasks: Iterable[Task], config: AgentRunConfig, output: str | Path, *,
-                         on_record: ProgressCallback | None = None) -> RunSummary:
+                         on_record: ProgressCallback | None = None) -> EvalSummary:
     """Run one KernelAgent-v0 episode per task (skipping tasks done in ``output``), ``concurrency``
     at a time; append each record to ``output`` as it ends. Returns the summary.
 
@@ -227,11 +230,11 @@ async def run_agent_eval(tasks: Iterable[Task], config: AgentRunConfig, output: 
         raise EvalRunError(f"output {output}: {exc.strerror or exc}") from None
     done = run_file.done
     todo = [task for task in tasks if task.id not in done]
-    summary = RunSummary(selected=len(tasks), skipped=len(tasks) - len(todo))
+    summary = EvalSummary(selected=len(tasks), skipped=len(tasks) - len(todo))
     client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, timeout=config.request_timeout,
                                 max_retries=0)
     try:
-        summary.model = await choose_model(client, config.base_url, config.model, unreachable=ServerUnreachable, error=EvalRunError,
+        summary.model = await choose_model(client, config.base_url, config.model,
                                            serve_hint="vllm serve MODEL --enable-auto-tool-choice --tool-call-parser ...")
         if todo:
             await _Run(config, client, run_file, summary, on_record).run(todo)
@@ -243,7 +246,7 @@ async def run_agent_eval(tasks: Iterable[Task], config: AgentRunConfig, output: 
 class _Run:
     """One run: the episodes in flight, the output, the summary."""
 
-    def __init__(self, config: AgentRunConfig, client: openai.AsyncOpenAI, run_file: RunFile, summary: RunSummary,
+    def __init__(self, config: AgentRunConfig, client: openai.AsyncOpenAI, run_file: RunFile, summary: EvalSummary,
                  on_record: ProgressCallback | None):
         self.config, self.client, self.run_file, self.summary = config, client, run_file, summary
         self.on_record = on_record
@@ -266,6 +269,8 @@ class _Run:
         self.run_file.append(record)
         if record.stop == "error":
             self.summary.errors[task.id] = record.error or "unknown error"
+        elif record.stop == "evaluator_fault":
+            self.summary.evaluator_faults[task.id] = record.error or "the evaluator failed"
         elif record.stop == "turn_limit":
             self.summary.turn_limit += 1
         else:
@@ -334,6 +339,8 @@ class Conversation:
             else:
                 self.messages.append({"role": "user", "content": f"{observation}\n\n{NUDGE}"})
             if terminated or truncated:
+                if self.info.get("fault") == "evaluator":
+                    return "evaluator_fault"
                 return "finished" if terminated else "turn_limit"
 
     async def _ask(self) -> dict[str, Any]:
@@ -365,12 +372,14 @@ class Conversation:
 
     def _record(self, stop: str, error: str | None = None) -> EpisodeRecord:
         final = self.info.get("final") if stop != "error" else None
+        if stop == "evaluator_fault":
+            error = f"the final evaluation failed by the evaluator's fault: {(final or {}).get('error')}"
         return EpisodeRecord(
             task_id=self.task.id, source=self.task.source, level=self.task.level, name=self.task.name,
             language=self.config.language, device=self.device,
             model=self.model, stop=stop, error=error, final=final,
             final_report=self.info.get("final_report") if final else None,
-            reward=self.reward if final is not None else None, turns=self.info.get("turn", 0),
+            reward=self.reward if final is not None and stop != "evaluator_fault" else None, turns=self.info.get("turn", 0),
             max_turns=self.config.max_turns, tool_calls=self.tool_calls, invalid_calls=self.info.get("invalid_calls", 0),
             evaluations=self.info.get("evaluations", []), messages=self.messages, tools=self.tools,
             settings=self.config.settings.model_dump() if self.config.settings else None,

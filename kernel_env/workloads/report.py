@@ -1,7 +1,7 @@
 """Renderers of an eval run's metrics: markdown (for papers and READMEs), a rich table (for the
 terminal), JSON (``Metrics.to_dict()``), and a PNG of the speed-up distribution.
 
-They render what ``kernel_env.metrics`` computed and decide nothing. The plot needs matplotlib
+They render what ``kernel_env.workloads.metrics`` computed and decide nothing. The plot needs matplotlib
 (``pip install 'kernel_env[eval]'``); without it ``plot_speedups`` raises ``PlotUnavailable`` with
 that advice, and everything else works.
 """
@@ -15,7 +15,16 @@ from pathlib import Path
 from rich import box
 from rich.table import Table
 
-from kernel_env.metrics import BASELINES, FAST_P, EpisodeRecord, GroupMetrics, Metrics, best_per_task, geomean, level_name
+from kernel_env.workloads.metrics import (
+    BASELINES,
+    FAST_P,
+    EpisodeRecord,
+    GroupMetrics,
+    Metrics,
+    best_per_task,
+    geomean,
+    level_name,
+)
 
 BASELINE_LABELS = {"eager": "eager", "compile": "torch.compile"}
 
@@ -54,6 +63,7 @@ def _main_columns() -> list[tuple[str, Callable[[GroupMetrics], str]]]:
         ("mean reward", lambda g: number(g.mean_reward)),
         ("invalid calls", lambda g: percent(g.invalid_call_rate)),
         ("errors", lambda g: str(g.errors)),
+        ("evaluator faults", lambda g: str(g.evaluator_faults)),
     ]
 
 

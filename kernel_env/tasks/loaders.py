@@ -1,95 +1,25 @@
-"""Tasks: KernelBench-format reference operators and the loaders that find them.
+"""Loaders: find tasks in a file, a KernelBench checkout, record files, or the bundled examples.
 
-A task is one self-contained Python source defining ``Model(nn.Module)``, ``get_inputs()``
-and ``get_init_inputs()``. Loaders read a single file, a KernelBench checkout
-(``level1/`` … ``level4/``, ids ``kernelbench/L2/12``), and record files (JSONL, JSON,
-Parquet) in the shapes of the public data sets, parsed in ``kernel_env.task_sources``.
-
-Loading never executes task code. ``validate_task`` does, but only in a separate probe
-process (``kernel_env._task_probe``) that refuses file, network and process access, so
-a malformed or hostile task becomes one clear line naming it.
+Loaders read a single ``.py`` file, a KernelBench checkout (``level1/`` … ``level4/``, ids
+``kernelbench/L2/12``), and record files (JSONL, JSON, Parquet) in the shapes of the public data
+sets (``sources.py``). Loading never executes task code (``validate.py`` does, in a probe).
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import hashlib
-import json
 import os
 import re
-import subprocess
-import sys
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 
 from kernel_env.resources import data_dir
-
-TASK_SOURCES = ("kernelbench", "ops6k", "kernelbook", "synthetic", "file", "example")
-_REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
-
-
-class TaskError(ValueError):
-    """A task that cannot be used; the message is one line naming the task."""
-
-
-@dataclass(frozen=True)
-class Task:
-    """One reference operator. ``code`` is the whole Python source of the task."""
-
-    id: str
-    code: str
-    source: str = "file"
-    name: str = ""
-    level: int | None = None
-    problem_id: int | None = None
-    metadata: dict = field(default_factory=dict, compare=False, hash=False)
-
-    @property
-    def hash(self) -> str:
-        """Content hash of the code: keys baseline caches and workspace provenance."""
-        return hashlib.sha256(self.code.encode()).hexdigest()[:16]
-
-    def check_source(self) -> None:
-        """Static checks (no execution): parses, and defines Model, get_inputs, get_init_inputs."""
-        try:
-            tree = ast.parse(self.code, filename=f"<task {self.id}>")
-        except SyntaxError as exc:
-            raise TaskError(f"task {self.id}: syntax error at line {exc.lineno}: {exc.msg}") from None
-        defined = {
-            node.name
-            for node in tree.body
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
-        }
-        defined |= {
-            target.id
-            for node in tree.body
-            if isinstance(node, ast.Assign)
-            for target in node.targets
-            if isinstance(target, ast.Name)
-        }
-        missing = [name for name in _REQUIRED_NAMES if name not in defined]
-        if missing:
-            raise TaskError(f"task {self.id}: does not define {', '.join(missing)} (KernelBench format needs Model, get_inputs, get_init_inputs)")
-
-    def to_record(self) -> dict:
-        return {
-            "id": self.id, "source": self.source, "name": self.name, "level": self.level,
-            "problem_id": self.problem_id, "hash": self.hash, "code": self.code, **({"metadata": self.metadata} if self.metadata else {}),
-        }
-
-
-@dataclass(frozen=True)
-class TaskInfo:
-    """What the probe learned by running a task: input and output signatures."""
-
-    inputs: list[dict]
-    outputs: list[dict]
-    init_inputs: list[str]
-
-
-# --------------------------------------------------------------------------- loaders
+from kernel_env.tasks.sources import (
+    RECORD_SUFFIXES,
+    load_record_file,
+    load_record_folder,
+)
+from kernel_env.tasks.task import Task, TaskError
 
 
 def load_task_file(path: str | Path, *, source: str = "file", task_id: str | None = None) -> Task:
@@ -126,11 +56,12 @@ def load_kernelbench(root: str | Path, levels: Iterable[int] | None = None) -> l
 
 
 def load_jsonl(path: str | Path, *, source: str | None = None) -> list[Task]:
-    """Task records, one JSON object a line, in any shape ``kernel_env.task_sources`` reads
-    (KernelBench export, KernelBook, CUDA-Agent-Ops-6K, the synthesis output, or plain
-    ``{"id", "name", "code"}`` records)."""
-    from kernel_env.task_sources import load_record_file
-
+    """Task records, one JSON object a line, in any shape ``sources.py`` reads (KernelBench
+    export, KernelBook, CUDA-Agent-Ops-6K, the synthesis output, or plain ``{"id", "name",
+    "code"}`` records). For .json, .parquet or a folder of them, use ``load_tasks``."""
+    path = Path(path)
+    if path.suffix != ".jsonl":
+        raise TaskError(f"task source {path}: not a .jsonl file (load_tasks reads .json and .parquet records too)")
     return load_record_file(path, source=source)
 
 
@@ -139,8 +70,6 @@ def load_tasks(spec: str | Path) -> list[Task]:
     records (KernelBench export, KernelBook, CUDA-Agent-Ops-6K, synthesis output); a KernelBench
     checkout; or a folder of record files (a data-set snapshot). Ids are unique within a source:
     a source that would give two tasks one id is refused, naming the id."""
-    from kernel_env.task_sources import RECORD_SUFFIXES, load_record_file, load_record_folder
-
     spec_str = str(spec)
     if spec_str in ("examples", "example"):
         return [_example_task(p.parent.name) for p in sorted(data_dir("examples").glob("*/task.py"))]
@@ -215,34 +144,3 @@ def _level_from_path(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-# --------------------------------------------------------------------------- validation
-
-
-def validate_task(task: Task, *, timeout: float = 180.0) -> TaskInfo:
-    """Run the task once in a locked-down probe process; raise TaskError with one clear line if it is unusable."""
-    task.check_source()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "kernel_env._task_probe"],
-            input=json.dumps({"id": task.id, "code": task.code}),
-            capture_output=True, text=True, timeout=timeout,
-            env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1"},
-        )
-    except subprocess.TimeoutExpired:
-        raise TaskError(f"task {task.id}: running Model/get_inputs took longer than {timeout:.0f}s") from None
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise TaskError(f"task {task.id}: the probe process died (exit {proc.returncode}): {tail}")
-    report = json.loads(lines[-1])
-    if not report["ok"]:
-        raise TaskError(f"task {task.id}: {report['error']}")
-    return TaskInfo(inputs=report["inputs"], outputs=report["outputs"], init_inputs=report["init_inputs"])
-
-
-def iter_valid(tasks: Iterable[Task]) -> Iterator[tuple[Task, TaskInfo | None, str | None]]:
-    for task in tasks:
-        try:
-            yield task, validate_task(task), None
-        except TaskError as exc:
-            yield task, None, str(exc)

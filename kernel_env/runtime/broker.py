@@ -29,7 +29,7 @@ from pathlib import Path
 
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
 from kernel_env.evaluators.report import model_report
-from kernel_env.pool import GpuPool
+from kernel_env.runtime.pool import GpuPool
 from kernel_env.workspace import Workspace
 
 log = logging.getLogger(__name__)

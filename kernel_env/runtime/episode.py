@@ -10,19 +10,22 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import logging
 import resource
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from kernel_env.broker import Broker
 from kernel_env.evaluators.records import EvalResult, EvalSettings, Mode
 from kernel_env.languages import Language, get_language
-from kernel_env.pool import GpuPool, default_pool, visible_gpus
+from kernel_env.runtime.broker import Broker
+from kernel_env.runtime.pool import GpuPool, default_pool, visible_gpus
 from kernel_env.sandbox import ExecResult, Sandbox, make_sandbox
 from kernel_env.tasks import Task
 from kernel_env.workspace import Workspace
+
+log = logging.getLogger(__name__)
 
 COMPILE_COMMAND = "bash utils/compile.sh"
 #: Which solution of an episode counts: the one in the workspace at the end, or the best one the
@@ -152,16 +155,26 @@ class Episode:
             best = self._best
         self.sandbox.close()
         self.sandbox.start()
-        _, final = self.build_and_evaluate(Mode.FINAL, clean=True)
+        final = self._final_evaluation()
         if selection == "best" and best is not None and best.digest != self._digests.get(final.job_id) \
                 and score(best.result) > score(final):
             final_sources = _read_workspace_sources(self.sandbox)
             self._restore(best.sources)
-            _, again = self.build_and_evaluate(Mode.FINAL, clean=True)
+            again = self._final_evaluation()
             if score(again) > score(final):
                 return again
             self._restore(final_sources)
         return final
+
+    def _final_evaluation(self) -> EvalResult:
+        """A clean rebuild evaluated in Mode.FINAL; once more if the evaluator failed (a worker
+        lost, a child that could not start): an evaluator's fault says nothing of the solution."""
+        _, result = self.build_and_evaluate(Mode.FINAL, clean=True)
+        if result.fault == "evaluator":
+            log.warning("final evaluation of %s failed by the evaluator's fault (%s); evaluating it again",
+                        self.task.id, result.error)
+            _, result = self.build_and_evaluate(Mode.FINAL, clean=True)
+        return result
 
     def _restore(self, sources: dict[str, bytes]) -> None:
         """Make the agent's files exactly ``sources`` (through the sandbox, so links stay inside it)."""

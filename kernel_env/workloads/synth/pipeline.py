@@ -33,7 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_env.synth.compose import (
+from kernel_env.tasks import Task
+from kernel_env.tasks.sources import write_records
+from kernel_env.workloads.llm import DEFAULT_BASE_URL
+from kernel_env.workloads.synth.compose import (
     PAPER_OP_COUNT_WEIGHTS,
     PAPER_TRANSFORMERS_SHARE,
     Candidate,
@@ -42,12 +45,21 @@ from kernel_env.synth.compose import (
     LLMComposer,
     check_weights,
 )
-from kernel_env.synth.crawl import PRESETS, crawl
-from kernel_env.synth.decontam import DEFAULT_THRESHOLD, EvalIndex, Match, write_dropped, write_histogram
-from kernel_env.synth.filter import FilterError, FilterSettings, Screener, Screening
-from kernel_env.synth.stats import CompositionStats, composition_stats
-from kernel_env.task_sources import write_records
-from kernel_env.tasks import Task
+from kernel_env.workloads.synth.crawl import PRESETS, crawl
+from kernel_env.workloads.synth.decontam import (
+    DEFAULT_THRESHOLD,
+    EvalIndex,
+    Match,
+    write_dropped,
+    write_histogram,
+)
+from kernel_env.workloads.synth.filter import (
+    FilterError,
+    FilterSettings,
+    Screener,
+    Screening,
+)
+from kernel_env.workloads.synth.stats import CompositionStats, composition_stats
 
 STATE_VERSION = 1
 _COMPOSE_RETRIES = 2
@@ -81,7 +93,7 @@ class SynthConfig:
     filter: FilterSettings = field(default_factory=FilterSettings)
     work_dir: Path | None = None
     compile_cache: Path | None = None
-    base_url: str = "http://localhost:8000/v1"
+    base_url: str = DEFAULT_BASE_URL
     model: str | None = None
     api_key: str = "EMPTY"
     temperature: float = 0.7

@@ -22,8 +22,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel_env.synth.crawl import KINDS, LAYOUTS, Call, Seed, Shape, SizePreset, numel
 from kernel_env.tasks import Task, TaskError
+from kernel_env.workloads.synth.crawl import (
+    KINDS,
+    LAYOUTS,
+    Call,
+    Seed,
+    Shape,
+    SizePreset,
+    numel,
+)
 
 #: The paper's final mix of 1- … 5-operator compositions (CUDA-Agent-Ops-6K, Table 3), the default
 #: weights of the number of operators a deterministic composition gets.
@@ -187,7 +195,7 @@ def _sized(layout: str, dims: dict[str, int], steps: list[Step], preset: SizePre
 
 
 def _rng(seed: int, index: int) -> random.Random:
-    return random.Random(f"kernel_env.synth:{seed}:{index}")  # str seeds hash with SHA-512: stable across runs
+    return random.Random(f"kernel_env.workloads.synth:{seed}:{index}")  # str seeds hash with SHA-512: stable across runs
 
 
 def _op_count(rng: random.Random, weights: dict[int, float]) -> int:

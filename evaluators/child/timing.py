@@ -109,7 +109,7 @@ def preload() -> None:
     process's GPU: compiled, loaded, and their launchers built (a C compile each), so the first
     bench a job makes finds them ready. The fork server (zygote.py) runs it once in a child of
     its own to fill the Triton cache every child gets a copy of (the compiles took 1.5-1.7 s and
-    the launchers 0.5 s on an H100 machine); a spare (isolation.Spares) runs it before any job or
+    the launchers 0.5 s on an H100 machine); a spare (children.Spares) runs it before any job or
     candidate code, and then only loads them. It makes the process's CUDA context (about 0.5 GB
     of the GPU's memory per spare); a failure here is the bench's to meet and report later."""
     if triton is None or not os.environ.get("CUDA_VISIBLE_DEVICES") or not torch.cuda.is_available():

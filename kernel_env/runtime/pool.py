@@ -119,11 +119,10 @@ class LocalPool(_QueuedPool):
     _no_gpu_message = "this pool has no GPU: the job asks for device cuda (use --device cpu for cpp or triton)"
 
     def __init__(self, devices: list[str] | None = None, *, baselines: BaselineCache | None = None,
-                 reward_kind: str = "milestone", jobs_per_gpu: int | None = None):
+                 jobs_per_gpu: int | None = None):
         super().__init__()
         self.devices = devices or visible_gpus() or ["cpu"]
         self.baselines = baselines or BaselineCache()
-        self.reward_kind = reward_kind
         self.jobs_per_gpu = jobs_per_gpu or default_jobs_per_gpu()
         #: The shared GPUs' leases, by device (``DeviceLease.account()``: how each GPU's time went).
         self.leases = leases = {d: DeviceLease() for d in self.devices if d.startswith("cuda") and self.jobs_per_gpu > 1}
@@ -169,7 +168,7 @@ class LocalPool(_QueuedPool):
         that). On a shared GPU, a job that ran out of device memory is not answered but run again
         with the GPU to itself: the other jobs' memory may have been what it lacked, and an honest
         kernel must not be judged wrong for that. What the second run says is the answer."""
-        options = {"device": run_on, "baselines": self.baselines, "reward_kind": self.reward_kind}
+        options = {"device": run_on, "baselines": self.baselines}
         if lease is None:
             return evaluate(job, **options, answer=future.set_result)
         occupancy = self._occupancy[device]
@@ -205,7 +204,7 @@ class RayPool(_QueuedPool):
     order, so final evaluations are not stuck behind a queue of verifications.
     """
 
-    def __init__(self, address: str | None = None, *, cpu_job_cpus: int = 1, reward_kind: str = "milestone",
+    def __init__(self, address: str | None = None, *, cpu_job_cpus: int = 1,
                  max_in_flight: int | None = None, init_options: dict | None = None):
         import ray
 
@@ -214,7 +213,6 @@ class RayPool(_QueuedPool):
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_options or {}))
         self._ray = ray
         self.cpu_job_cpus = cpu_job_cpus
-        self.reward_kind = reward_kind
         resources = ray.cluster_resources()
         self.gpus = int(resources.get("GPU", 0))
         slots = self.gpus or max(1, int(resources.get("CPU", 1)) // cpu_job_cpus)
@@ -230,7 +228,7 @@ class RayPool(_QueuedPool):
         return self.gpus > 0
 
     def _dispatch(self) -> None:
-        from kernel_env.ray_worker import evaluate_remote
+        from kernel_env.runtime.ray_worker import evaluate_remote
 
         while True:
             with self._cv:
@@ -246,7 +244,7 @@ class RayPool(_QueuedPool):
             try:
                 options = {"num_gpus": 1} if job.device == "cuda" else {"num_cpus": self.cpu_job_cpus}
                 ref = evaluate_remote.options(max_retries=1, **options).remote(
-                    job.model_copy(update={"snapshot_dir": Path()}), _pack(job.snapshot_dir), self.reward_kind)
+                    job.model_copy(update={"snapshot_dir": Path()}), _pack(job.snapshot_dir))
             except Exception as exc:  # noqa: BLE001 - a cluster problem answers the job
                 self._answer(job, future, _error(job, f"could not submit the job to Ray: {type(exc).__name__}: {exc}"))
                 continue
@@ -287,8 +285,9 @@ def _short_of_device_memory(result: EvalResult) -> bool:
 
 
 def _error(job: EvalJob, message: str) -> EvalResult:
+    """The answer to a job the evaluator could not evaluate (its fault: no reward)."""
     return EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
-                      mode=job.mode, correct=False, error=message, reward=-1.0, snapshot_hash=job.snapshot_hash)
+                      mode=job.mode, correct=False, error=message, fault="evaluator", snapshot_hash=job.snapshot_hash)
 
 
 def make_pool(kind: str = "local", **options) -> GpuPool:

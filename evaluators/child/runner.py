@@ -11,6 +11,10 @@ and never writes them anywhere; the candidate process writes each trial's output
 reference process reads it and compares (``compare.py``). The candidate process never
 computes, loads or holds a reference output, so there is nothing for it to find, in memory
 or on disk.
+
+Why one long module: it is the whole of what a child process does, read in one place by
+whoever audits the process boundary; its parts (the channel, the reference's steps, the
+candidate's steps, the trial files) share the process's state and are split into classes.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ _json_dumps = json.dumps
 
 class Channel:
     """The runner's way to the parent: answers on the reply pipe (``KE_REPLY_FD``), timing marks
-    on a datagram socket the kernel timestamps on send (``KE_MARK_FD``, see isolation.py).
+    on a datagram socket the kernel timestamps on send (``KE_MARK_FD``, see children.py).
 
     Both descriptors are open in the candidate's process, so each answer and mark carries an
     HMAC under a key the parent sends as the very first line on stdin, before any code under
@@ -226,7 +230,7 @@ class Runner:
         return {"fingerprints": prints}
 
     def cmd_ref_screen(self, req: dict) -> dict:
-        """Facts for the synthesis filter (``kernel_env.synth.filter``, which decides; nothing here does).
+        """Facts for the synthesis filter (``kernel_env.workloads.synth.filter``, which decides; nothing here does).
 
         Without ``compile``: the Model on the inputs of ``seeds[0]`` twice (fresh copies, the random
         state moving on between the calls, as it would in use) and on those of ``seeds[1]`` once;

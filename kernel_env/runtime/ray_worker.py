@@ -18,7 +18,7 @@ from kernel_env.evaluators.records import EvalJob, EvalResult
 
 
 @ray.remote
-def evaluate_remote(job: EvalJob, snapshot: dict[str, bytes], reward_kind: str) -> EvalResult:
+def evaluate_remote(job: EvalJob, snapshot: dict[str, bytes]) -> EvalResult:
     directory = Path(tempfile.mkdtemp(prefix=f"ray-snapshot-{job.job_id}-"))
     try:
         for relative, data in snapshot.items():
@@ -27,6 +27,6 @@ def evaluate_remote(job: EvalJob, snapshot: dict[str, bytes], reward_kind: str) 
             path.write_bytes(data)
         gpus = ray.get_gpu_ids()
         device = f"cuda:{int(gpus[0])}" if job.device == "cuda" and gpus else "cpu"
-        return evaluate(job.model_copy(update={"snapshot_dir": directory}), device=device, reward_kind=reward_kind)
+        return evaluate(job.model_copy(update={"snapshot_dir": directory}), device=device)
     finally:
         shutil.rmtree(directory, ignore_errors=True)

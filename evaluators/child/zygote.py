@@ -7,7 +7,7 @@ then costs a fork, a few mounts and, on a GPU, its own CUDA context.
 
 It never initialises CUDA (a process forked after that cannot use the device) and never runs a
 task's or a candidate's code: it runs the harness's modules and forks. Started by
-``isolation.Zygote`` as ``python -I -B zygote.py`` in a bubblewrap sandbox of its own: the
+``forkserver.Zygote`` as ``python -I -B zygote.py`` in a bubblewrap sandbox of its own: the
 toolchain read-only, the GPU's device nodes, the host's /proc (see below), the folder of its
 jobs' directories at /jobs, and nothing else of the host. Requests arrive on the socket named by
 ``KE_ZYGOTE_FD``: a JSON header and the child's descriptors (stdin, log, reply pipe, marks
@@ -19,8 +19,10 @@ Each request is served by two forks:
   cgroup), then enters namespaces of its own: user, mount, pid, network, IPC, UTS, cgroup. In
   its mount namespace it makes the root and /dev read-only (bubblewrap's tmpfs, one for all
   the server's children), binds the child's job directories at /job/..., hides /jobs under an
-  empty read-only tmpfs, and mounts a private /tmp and /dev/shm. It forks the child, reports
-  it, waits for it and reports how it ended.
+  empty read-only tmpfs, and mounts a private /tmp and /dev/shm; the interpreter's own folders
+  that lie under /tmp (a venv or a checkout there, as containers and CI runners make them) are
+  bound back into it read-only, since the child imports lazily what the server did not. It
+  forks the child, reports it, waits for it and reports how it ended.
 - the child (R) is pid 1 of the new pid namespace. It mounts a /proc of that namespace over the
   host's, covers /proc/sys, sysrq-trigger, irq and bus read-only (as bubblewrap does: with the
   host's root as the sandbox's uid, they would be writable), drops every capability and sets
@@ -129,6 +131,18 @@ def _loopback_up() -> None:
         fcntl.ioctl(sock, 0x8914, struct.pack("16sH14x", b"lo", 0x1 | 0x8 | 0x40))  # SIOCSIFFLAGS: UP, LOOPBACK, RUNNING
 
 
+def _interpreter_under_tmp() -> list[str]:
+    """The interpreter's folders (its prefixes and import path) that lie under /tmp, outermost
+    only: a child's private /tmp would hide them, and torch imports some modules only when
+    first used (``torch.save`` imports ``torch.utils.serialization``)."""
+    folders = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path) if p}
+    under = sorted(p for p in folders if p.startswith("/tmp/") and os.path.isdir(p))
+    return [p for p in under if not any(p.startswith(outer + "/") for outer in under)]
+
+
+_INTERPRETER_UNDER_TMP = _interpreter_under_tmp()
+
+
 def _enter_namespaces(req: dict, warm: dict[str, bytes]) -> None:
     """The warden's part: namespaces of the child's own, its job directories at /job/..., and
     private /tmp and /dev/shm (the Triton cache of the harness's kernels copied into /tmp)."""
@@ -146,7 +160,13 @@ def _enter_namespaces(req: dict, warm: dict[str, bytes]) -> None:
     for target, source, writable in req["binds"]:
         _bind(f"/jobs/{source}", target, read_only=not writable)
     _mount("tmpfs", "/jobs", "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "mode=000,size=4k")
+    # Handles on the interpreter's folders under /tmp, taken before the private /tmp hides them.
+    kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)) for path in _INTERPRETER_UNDER_TMP]
     _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+    for path, handle in kept:
+        os.makedirs(path, exist_ok=True)
+        _bind(f"/proc/self/fd/{handle}", path, read_only=True)
+        os.close(handle)
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
     os.makedirs("/tmp/home", mode=0o755)

@@ -15,8 +15,8 @@ A candidate is kept when all of these hold, checked in this order (the cheap one
    bounds where it matters;
 6. ``torch.compile(Model)`` runs and agrees with eager (atol = rtol = 1e-2, the evaluation's).
 
-The candidate's code runs only in a reference child (``evaluators/runner.py`` in an
-``evaluators.isolation.Child``: bubblewrap, no network, resource limits), never in this
+The candidate's code runs only in a reference child (``evaluators/child/runner.py`` in an
+``evaluators.children.Child``: bubblewrap, no network, resource limits), never in this
 process; the child reports facts, this module decides. Candidates are screened in parallel,
 ``jobs_per_device`` at a time per device; a per-device lease (``evaluators/sharing.py``, the
 evaluation pool's too) makes timing exclusive (no other screening imports or runs its task on
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_env.evaluators.isolation import Child, ChildError
+from kernel_env.evaluators.children import Child, ChildError
 from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.sandbox.bwrap import bubblewrap_problem
 
@@ -255,7 +255,7 @@ def _judge(child: Child, code: str, s: FilterSettings, gate: DeviceLease, result
 
 
 def _visible_gpus() -> list[str]:
-    from kernel_env.pool import visible_gpus
+    from kernel_env.runtime.pool import visible_gpus
 
     return visible_gpus()
 

@@ -12,12 +12,16 @@ pytorch_code, messages, turn_num, turns_history}``. The orchestrator works in ro
 to ``batch_size`` items, asks the model for all of them at once (``AsyncOpenAI``), then evaluates
 every answer (each sample has its own ``KernelRefineEnv``, stepped in a thread), then puts each
 item back at the end of the line with its feedback, or finalises it into a trace. Without
-``multi_turn`` every sample gets exactly one generation.
+``multi_turn`` every sample gets exactly one generation. The queue speaks the refine protocol
+(``kernel_env.envs.refine_protocol``) that the environment speaks, and the run checks that the
+two agree on every prompt and every stop.
 
 Only ``max_active`` samples are in the line at once (each holds a workspace and a sandbox); a
 new sample joins at the back when one finishes. A model call that fails (HTTP error, timeout)
-drops its sample from this run without a trace, so a rerun tries it again; a server that cannot
-be reached at all ends the run (``ServerUnreachable``).
+drops its sample from this run without a trace, so a rerun tries it again; so does an evaluation
+that failed by the evaluator's fault (``EvalResult.fault``: a trace must not teach a model from
+feedback that says nothing of its code). A server that cannot be reached at all ends the run
+(``ServerUnreachable``).
 
 Durability: every finished trace is appended to a journal beside the output
 (``<output>.journal.jsonl``, flushed and fsynced) before anything else happens, and folded into
@@ -42,30 +46,36 @@ from typing import Any
 
 import openai
 
-from kernel_env.envs.refine import (KernelRefineEnv, StopReason, TurnResult, build_feedback, build_messages,
-                                    build_trace, sample_of, should_stop)
-from kernel_env.episode import EpisodeError, check_device, default_device
+from kernel_env.envs.refine import KernelRefineEnv
+from kernel_env.envs.refine_protocol import (
+    StopReason,
+    TurnResult,
+    build_feedback,
+    build_messages,
+    build_trace,
+    sample_of,
+    should_stop,
+)
 from kernel_env.evaluators.records import EvalSettings
-from kernel_env.llm import choose_model, why
 from kernel_env.languages import get_language
-from kernel_env.pool import GpuPool, shared_pool
+from kernel_env.runtime.episode import EpisodeError, check_device, default_device
+from kernel_env.runtime.pool import GpuPool, shared_pool
 from kernel_env.sandbox import SandboxError
 from kernel_env.tasks import Task, TaskError, load_jsonl, load_kernelbench, load_tasks
+from kernel_env.workloads.llm import (
+    DEFAULT_BASE_URL,
+    NoChoices,
+    RunError,
+    RunSummary,
+    ServerUnreachable,
+    choose_model,
+    why,
+)
 
-DEFAULT_BASE_URL = "http://localhost:8000/v1"
 DEFAULT_OUTPUT = "reasoning_traces.json"
 
-
-class GenerateError(RuntimeError):
-    """The run cannot go on here (the message says why and what to do): a usage or environment error."""
-
-
-class ServerUnreachable(GenerateError):
-    """The model server does not answer at its address."""
-
-
-class NoChoices(openai.OpenAIError):
-    """The server answered a chat completion without any choice."""
+#: The run's error under the name this module's callers know (``ServerUnreachable`` is one).
+GenerateError = RunError
 
 
 # ============================================================================ the queue
@@ -85,9 +95,12 @@ class QueueItem:
     env: KernelRefineEnv | None = field(default=None, repr=False)
 
     @classmethod
-    def for_task(cls, task: Task, language: str = "triton", *, max_turns: int = 1) -> QueueItem:
+    def for_task(cls, task: Task, language: str = "triton", *, max_turns: int = 1,
+                 settings: EvalSettings | None = None) -> QueueItem:
+        """The item of a task, its conversation opened with the refine prompt (``settings``: those
+        its answers will be evaluated with, which the prompt states)."""
         return cls(sample_key=task.id, sample=sample_of(task), pytorch_code=task.code,
-                   messages=build_messages(task, language, max_turns=max_turns), task=task)
+                   messages=build_messages(task, language, max_turns=max_turns, settings=settings), task=task)
 
 
 class RefineQueue:
@@ -118,7 +131,7 @@ class RefineQueue:
         return should_stop(turn_num, self.max_turns, result)
 
     def build_feedback(self, result: TurnResult | dict) -> str:
-        """The feedback text for a result (the env's wording)."""
+        """The feedback text for a result (the env's wording, the result's tolerance)."""
         return build_feedback(result, self.language.code_tag)
 
     def requeue_with_feedback(self, item: QueueItem, feedback: str, completion: str) -> None:
@@ -292,20 +305,16 @@ class GenerateConfig:
 
 
 @dataclass
-class GenerateSummary:
-    """What a run did. ``failed`` maps samples that ended without a trace to why (a rerun retries them)."""
+class GenerateSummary(RunSummary):
+    """What a run did. ``failed`` maps samples that ended without a trace to why, and
+    ``evaluator_faults`` those dropped because an evaluation failed by the evaluator's fault (a
+    rerun retries both)."""
 
-    model: str = ""
-    selected: int = 0
-    skipped: int = 0
     written: int = 0
     success_fast: int = 0
     max_turns_reached: int = 0
     failed: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def to_do(self) -> int:
-        return self.selected - self.skipped
+    evaluator_faults: dict[str, str] = field(default_factory=dict)
 
 
 #: Called after every finished or failed sample: (summary so far, samples in the line, event text).
@@ -331,8 +340,7 @@ async def generate(tasks: Iterable[Task], config: GenerateConfig, store: TraceSt
     client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, timeout=config.request_timeout,
                                 max_retries=2)
     try:
-        summary.model = await choose_model(client, config.base_url, config.model, unreachable=ServerUnreachable,
-                                           error=GenerateError, serve_hint="vllm serve MODEL")
+        summary.model = await choose_model(client, config.base_url, config.model, serve_hint="vllm serve MODEL")
         if todo:
             await _Run(_with_pool(config), client, store, summary, on_progress).run(todo)
     finally:
@@ -375,7 +383,8 @@ class _Run:
     def _admit(self, todo: deque[Task]) -> None:
         """New samples join at the back of the line while fewer than ``active_limit`` are in it."""
         while todo and len(self.live) < self.config.active_limit:
-            item = QueueItem.for_task(todo.popleft(), self.config.language, max_turns=self.config.turns)
+            item = QueueItem.for_task(todo.popleft(), self.config.language, max_turns=self.config.turns,
+                                      settings=self.config.settings)
             self.queue.add(item)
             self.live.append(item)
 
@@ -433,6 +442,11 @@ class _Run:
         """Record the turn; finalise the item (trace to the store) or put it back in line with its feedback."""
         feedback, _, terminated, truncated, info = step
         turn = info["turn_record"]
+        if turn["result"].get("fault") == "evaluator":
+            why = turn["result"].get("error") or "the evaluator failed"
+            self.summary.evaluator_faults[item.sample_key] = why
+            self._finish(item, f"{item.sample_key}: dropped, the evaluation failed by the evaluator's fault ({why})")
+            return
         item.turns_history.append(turn)
         stop, reason = self.queue.should_stop(item.turn_num, turn["result"])
         if stop != (terminated or truncated):

@@ -1,0 +1,188 @@
+"""``kernel-env eval`` and ``report``: a tool-calling model as a KernelAgent-v0 agent, and its metrics.
+
+``eval`` runs ``kernel_env.workloads.agent_eval`` over a task set, appending one episode record
+per task to a JSONL run file, then shows the metrics (``kernel_env.workloads.metrics``, rendered
+by ``kernel_env.workloads.report``); ``report`` rebuilds the metrics of a run file. eval's exit
+codes: 0 every selected task has an episode record that did not end in error; 1 some episodes
+ended in error (the model's calls failed: rerun to retry them); 2 usage or environment error
+(bad source, bad settings, an output that is not a run file, server unreachable, or a final
+evaluation that failed by the evaluator's fault: rerun to retry those); 130
+interrupted (every finished record is kept: rerun to resume).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from kernel_env.cli import options
+from kernel_env.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TASK_FAILED,
+    EXIT_USAGE,
+    err,
+    fail,
+    out,
+    print_json,
+    progress_bar,
+    run_interruptibly,
+)
+from kernel_env.cli.sources import select, source_or_task
+from kernel_env.config import DEFAULT_SANDBOX
+from kernel_env.workloads.llm import DEFAULT_BASE_URL
+
+
+def eval_command(
+    source: str = typer.Argument(..., help="'examples', a task .py file, a .jsonl of task records, a KernelBench "
+                                           "checkout, or one task's id (example/relu_add)."),
+    level: options.Level = None,
+    name: options.Name = None,
+    count: options.Count = None,
+    sample: options.Sample = None,
+    seed: options.SampleSeed = 0,
+    model: options.Model = None,
+    base_url: options.BaseUrl = DEFAULT_BASE_URL,
+    api_key: options.ApiKey = "EMPTY",
+    language: options.LanguageOrAuto = None,
+    device: options.Device = None,
+    sandbox: options.Sandbox = options.SandboxKind(DEFAULT_SANDBOX),
+    concurrency: int = typer.Option(8, "--concurrency", "-j", min=1, help="Episodes in flight at once."),
+    max_turns: int = typer.Option(200, "--max-turns", min=1, help="Turns per episode (the paper evaluates with 200)."),
+    temperature: options.ServerTemperature = None,
+    max_tokens: options.MaxTokens = None,
+    request_timeout: options.RequestTimeout = 900.0,
+    settings_json: options.Settings = None,
+    output: Path = typer.Option(Path("run.jsonl"), "--output", "-o", help="Episode records (JSONL). Rerunning with the "
+                                                                          "same file skips tasks already done."),
+    plot: options.Plot = None,
+    markdown_path: options.Markdown = None,
+    as_json: options.Json = False,
+) -> None:
+    """Evaluate a tool-calling model as a KernelAgent-v0 agent over a task set: pass rate, faster rates, geomean speed-ups."""
+    from kernel_env.runtime.episode import default_device
+    from kernel_env.workloads.agent_eval import AgentRunConfig, EvalRunError, run_agent_eval
+
+    _check_stdout(as_json, markdown_path)
+    selected = select(source_or_task(source), level=level, name=name, sample=sample, seed=seed, count=count)
+    if not selected:
+        fail(f"task source {source}: no task matches the filters")
+    done = {r.task_id for r in (_read_run(output) if output.is_file() else []) if r.stop != "error"}
+    where = device.value if device else default_device()
+    config = AgentRunConfig(base_url=base_url, model=model, api_key=api_key,
+                            language=language.value if language else ("cuda" if where == "cuda" else "cpp"),
+                            device=where, sandbox=sandbox.value, max_turns=max_turns, concurrency=concurrency,
+                            temperature=temperature, max_tokens=max_tokens, request_timeout=request_timeout,
+                            settings=options.parse_settings(settings_json))
+    with progress_bar(disable=as_json or not err.is_terminal) as progress:
+        bar = progress.add_task(f"{len(selected)} tasks, {concurrency} at a time",
+                                total=sum(task.id not in done for task in selected))
+
+        def report_episode(record, summary) -> None:
+            progress.update(bar, total=summary.to_do, completed=summary.written,
+                            description=f"{summary.finished} finished · {summary.turn_limit} turn limit · "
+                                        f"{len(summary.errors)} errors · {len(summary.evaluator_faults)} evaluator faults")
+            if not as_json and not err.is_terminal:
+                final = record.final or {}
+                err.print(escape(f"{record.task_id}: {record.stop} after {record.turns} turns, reward "
+                                 f"{record.reward if record.reward is not None else '—'}, correct {final.get('correct')}"
+                                 + (f" ({record.error})" if record.error else "")), soft_wrap=True)
+
+        try:
+            summary = run_interruptibly(run_agent_eval(selected, config, output, on_record=report_episode))
+        except KeyboardInterrupt:
+            err.print(f"[yellow]interrupted:[/] finished episodes are in {escape(str(output))}; rerun the same command to go on")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except EvalRunError as exc:
+            fail(str(exc))
+    wanted = {task.id for task in selected}
+    records = [record for record in _read_run(output) if record.task_id in wanted]
+    _show_metrics(records, plot=plot, markdown_path=markdown_path, as_json=as_json,
+                  extra={"output": str(output), "model": summary.model, "selected": summary.selected,
+                         "skipped": summary.skipped, "finished": summary.finished, "turn_limit": summary.turn_limit,
+                         "errors": summary.errors, "evaluator_faults": summary.evaluator_faults})
+    if not as_json:
+        err.print(f"{summary.written} new episode records in {escape(str(output))} ({summary.skipped} tasks were done "
+                  f"already); model {escape(summary.model)}")
+        for task_id, why in summary.errors.items():
+            err.print(f"[red]✗[/] {escape(task_id)}: {escape(why)} (a rerun tries it again)", soft_wrap=True)
+        for task_id, why in summary.evaluator_faults.items():
+            err.print(f"[red]✗[/] {escape(task_id)}: {escape(why)} (the evaluator's fault, not the model's: no reward "
+                      "recorded; a rerun tries it again)", soft_wrap=True)
+    # An evaluator's fault is this machine's problem (exit 2), before any episode's failure (exit 1).
+    raise typer.Exit(EXIT_USAGE if summary.evaluator_faults else EXIT_TASK_FAILED if summary.errors else EXIT_OK)
+
+
+def report(
+    run: Path = typer.Argument(..., help="A run file written by `kernel-env eval` (JSONL episode records)."),
+    plot: options.Plot = None,
+    markdown_path: options.Markdown = None,
+    as_json: options.Json = False,
+) -> None:
+    """Rebuild an eval run's metrics tables (and plot) from its run file."""
+    _check_stdout(as_json, markdown_path)
+    records = _read_run(run)
+    if not records:
+        fail(f"run file {run}: no episode records in it")
+    _show_metrics(records, plot=plot, markdown_path=markdown_path, as_json=as_json, extra={"output": str(run)})
+    raise typer.Exit(EXIT_OK)
+
+
+def _check_stdout(as_json: bool, markdown_path: Path | None) -> None:
+    if as_json and str(markdown_path) == "-":
+        fail("--json and --markdown - would both write to stdout; give --markdown a file")
+
+
+def _read_run(path: Path) -> list:
+    from kernel_env.workloads.metrics import RecordError, read_records
+
+    try:
+        return read_records(path)
+    except RecordError as exc:
+        fail(str(exc))
+
+
+def _show_metrics(records: list, *, plot: Path | None, markdown_path: Path | None, as_json: bool,
+                  extra: dict[str, Any]) -> None:
+    """The metrics of ``records``: rich tables (or JSON) on stdout, markdown and the plot where asked."""
+    from kernel_env.workloads.metrics import compute_metrics
+    from kernel_env.workloads.report import PlotUnavailable, describe, markdown, plot_speedups, rich_tables
+
+    metrics = compute_metrics(records)
+    title = describe(records)
+    notes: dict[str, str] = {}
+    if markdown_path is not None:
+        text = markdown(metrics, title=title)
+        if str(markdown_path) == "-":
+            sys.stdout.write(text)
+        else:
+            try:
+                markdown_path.write_text(text)
+            except OSError as exc:
+                fail(f"--markdown {markdown_path}: {exc.strerror or exc}")
+            notes["markdown"] = str(markdown_path)
+    if plot is not None:
+        try:
+            notes["plot"] = str(plot_speedups(records, plot, title=title))
+        except PlotUnavailable as exc:
+            notes["plot_skipped"] = str(exc)
+        except OSError as exc:
+            fail(f"--plot {plot}: {exc.strerror or exc}")
+    if as_json:
+        print_json({**extra, "title": title, "metrics": metrics.to_dict(), **notes})
+        return
+    if str(markdown_path) != "-":
+        # Piped output gets room for the whole table (rich would squeeze it into 80 columns).
+        console = out if out.is_terminal else Console(highlight=False, width=max(out.width, 110))
+        for table in rich_tables(metrics, title=title):
+            console.print(table)
+    for what in ("markdown", "plot"):
+        if what in notes:
+            err.print(f"{what}: {escape(notes[what])}")
+    if "plot_skipped" in notes:
+        err.print(f"[yellow]note:[/] plot skipped: {escape(notes['plot_skipped'])}")

@@ -1,0 +1,103 @@
+"""``kernel-env openhands TASK``: an OpenHands agent works on one task with kernel_env's tools in its sandbox.
+
+The plug-in is ``kernel_env.integrations.openhands`` (the optional extra kernel_env[openhands]);
+the episode ends with KernelAgent-v0's trusted final evaluation. Writes events.json,
+messages.json, result.json (EvalResult.summary() and the episode's ending) and report.txt to
+--output. Exit codes: 0 the final solution is correct; 1 it is not; 2 usage or environment
+error (the extra missing, bad settings, no sandbox, the conversation failed: the model server
+unreachable, say; the final evaluation of what was there is still written).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from kernel_env.cli import options
+from kernel_env.cli.common import (
+    EXIT_OK,
+    EXIT_TASK_FAILED,
+    EXIT_USAGE,
+    err,
+    fail,
+    out,
+    print_json,
+    render_result_table,
+)
+from kernel_env.cli.sources import resolve
+from kernel_env.config import DEFAULT_SANDBOX
+from kernel_env.workloads.llm import DEFAULT_BASE_URL
+
+
+def openhands(
+    task: options.TaskSpec,
+    model: str = typer.Option(..., "--model", help="The model as the server names it; without a litellm provider "
+                                                   "prefix, 'openai/' is added (an OpenAI-compatible server)."),
+    base_url: options.BaseUrl = DEFAULT_BASE_URL,
+    api_key: options.ApiKey = "EMPTY",
+    language: options.LanguageOrAuto = None,
+    device: options.Device = None,
+    sandbox: options.Sandbox = options.SandboxKind(DEFAULT_SANDBOX),
+    max_iterations: int = typer.Option(150, "--max-iterations", min=1, help="Agent steps (model calls) at most."),
+    output: Path = typer.Option(Path("openhands_run"), "--output", "-o", help="Directory for the conversation and the result."),
+    settings_json: options.Settings = None,
+    temperature: options.ServerTemperature = None,
+    request_timeout: options.RequestTimeout = 900.0,
+    kernelbench: options.KernelBench = None,
+    as_json: options.Json = False,
+) -> None:
+    """Run an OpenHands agent on one task in its sandbox; write the conversation and the trusted final result."""
+    from kernel_env.evaluators.report import model_report
+    from kernel_env.runtime.episode import EpisodeError
+    from kernel_env.sandbox import SandboxError
+
+    os.environ.setdefault("LOG_LEVEL", "ERROR")  # OpenHands' log would bury the report (set LOG_LEVEL to see it)
+    try:
+        from openhands.sdk import LLM
+        from pydantic import SecretStr
+
+        from kernel_env.integrations.openhands import run_openhands  # first: it sets litellm's environment defaults
+    except ModuleNotFoundError as exc:
+        fail(f"the OpenHands plug-in needs its extra ({exc.name or exc} is missing): pip install 'kernel_env[openhands]'")
+    settings = options.parse_settings(settings_json)
+    spec = resolve(task, kernelbench)
+    # OpenHands takes whole seconds.
+    llm = LLM(model=_litellm_model(model), base_url=base_url, api_key=SecretStr(api_key), usage_id="kernel-env",
+              temperature=temperature, timeout=math.ceil(request_timeout), num_retries=2)
+    try:
+        run = run_openhands(spec, llm, language=language.value if language else None,
+                            device=device.value if device else None, sandbox=sandbox.value, settings=settings,
+                            max_iterations=max_iterations, visualize=out.is_terminal and not as_json)
+    except (EpisodeError, SandboxError) as exc:
+        fail(f"task {spec.id}: {exc}")
+    try:
+        run.write(output)
+    except OSError as exc:
+        fail(f"--output {output}: {exc.strerror or exc}")
+    if as_json:
+        print_json(run.summary())
+    else:
+        out.print(escape(model_report(run.final)))
+        render_result_table(run.final)
+        out.print(f"episode reward {run.reward:g}; the conversation ended: {escape(run.ended)}; "
+                  f"written to {escape(str(output))}/", soft_wrap=True)
+    if run.ended.startswith("error"):
+        err.print(f"[bold red]error:[/] the conversation failed: {escape(run.ended.removeprefix('error: '))}", soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    if run.fault == "evaluator":
+        err.print(f"[bold red]error:[/] the final evaluation failed by the evaluator's fault, not the agent's (no reward): "
+                  f"{escape(run.final.error or '')}", soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    raise typer.Exit(EXIT_OK if run.final.correct else EXIT_TASK_FAILED)
+
+
+def _litellm_model(model: str) -> str:
+    """litellm's name for ``model``: kept when it starts with a litellm provider, else 'openai/' + model."""
+    import litellm
+
+    provider = model.split("/", 1)[0] if "/" in model else ""
+    return model if provider in litellm.provider_list else f"openai/{model}"

@@ -1,0 +1,191 @@
+"""``kernel-env run-task``: work on one task in its sandboxed workspace, as an agent would.
+
+Two modes. Without ``--solution``: an interactive shell in the sandbox, on this terminal
+(``kernel_env.sandbox.interactive.run_shell`` holds it as the agent's commands are held), with
+the episode's broker so ``utils.verification`` and ``utils.profiling`` work; where the
+language cannot be evaluated here, a shell that can only edit and compile. With ``--solution
+DIR``: DIR (model_new.py, kernels/…) is copied into a fresh workspace and goes through the
+agent's compile → verify → profile path, then the trusted final evaluation; the last line of
+``--json`` output is one JSON object (``EvalResult.summary()`` with ``build_ok`` and
+``build_seconds``; ``fault`` says whose fault a failure is). Exit 0 ok (the solution is
+correct), 1 it is not, 2 usage or environment error, an evaluation that failed by the
+evaluator's fault included.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.panel import Panel
+
+from kernel_env.cli import options
+from kernel_env.cli.common import EXIT_OK, EXIT_TASK_FAILED, EXIT_USAGE, err, fail, out, render_result_table
+from kernel_env.cli.sources import resolve
+from kernel_env.config import DEFAULT_LANGUAGE, DEFAULT_SANDBOX, workspaces_dir
+from kernel_env.languages import get_language
+from kernel_env.tasks import Task
+
+
+def run_task(
+    task: options.TaskSpec,
+    language: options.Language = options.LanguageName(DEFAULT_LANGUAGE),
+    sandbox: options.Sandbox = options.SandboxKind(DEFAULT_SANDBOX),
+    keep: bool = typer.Option(True, "--keep/--no-keep", help="Keep the workspace when the shell exits (default: keep, "
+                                                              "so what you wrote survives; its path is printed)."),
+    kernelbench: options.KernelBench = None,
+    solution: Path | None = typer.Option(None, "--solution", help="Run this solution folder (model_new.py, kernels/) "
+                                                                   "through compile → verify → profile instead of opening a shell."),
+    device: options.Device = None,
+    as_json: options.Json = False,
+) -> None:
+    """Work on one task in its sandboxed workspace: an interactive shell, or (--solution DIR) run a solution.
+
+    --json goes with --solution: the solution's result as one JSON object on the last line."""
+    if solution is None and as_json:
+        fail("--json belongs to solution mode: add --solution DIR")
+    spec = resolve(task, kernelbench)
+    where = device.value if device else None
+    if solution is not None:
+        raise typer.Exit(_run_solution(spec, solution, language=language.value, sandbox=sandbox.value, device=where,
+                                       as_json=as_json))
+    raise typer.Exit(_run_interactive(spec, language=language.value, sandbox_kind=sandbox.value, keep=keep,
+                                      device=where))
+
+
+# ----------------------------------------------------------------------------- the shell
+
+
+def _run_interactive(task: Task, *, language: str, sandbox_kind: str, keep: bool, device: str | None) -> int:
+    from kernel_env.sandbox import SandboxError
+    from kernel_env.sandbox.interactive import run_shell
+
+    if not sys.stdin.isatty():
+        fail("run-task opens an interactive shell and needs a terminal, but stdin is not one. Run it from a terminal, "
+             "or pass --solution DIR to run a solution without one.")
+    episode, workspace, box, note = _open_episode(task, language=language, sandbox_kind=sandbox_kind, device=device)
+    err.print(_welcome(task, language, sandbox_kind, getattr(box, "isolated", True), box.workdir, workspace.path,
+                       keep, note))
+    problem = None
+    try:
+        run_shell(box, workspace.path, warn=lambda line: err.print(f"[yellow]note:[/] {escape(line)}"))
+    except SandboxError as exc:
+        problem = f"task {task.id}: {exc}"
+    finally:
+        if episode is not None:
+            episode.close(keep_workspace=True)
+        else:
+            box.close()
+        if keep:
+            tampered = workspace.tampered_files()
+            if tampered:
+                err.print(f"[yellow]note:[/] protected files changed: {', '.join(tampered)}")
+            err.print(f"workspace kept: {escape(str(workspace.path))}\n"
+                      f"  remove it with: chmod -R u+w {escape(str(workspace.root))} && rm -rf {escape(str(workspace.root))}")
+        else:
+            workspace.destroy()
+    if problem:
+        fail(problem)
+    return EXIT_OK
+
+
+def _welcome(task: Task, language: str, sandbox_kind: str, isolated: bool, workdir: str, path: Path, keep: bool,
+             note: str | None) -> Panel:
+    lang = get_language(language)
+    compile_cmd = "TORCH_CUDA_ARCH_LIST=9.0 bash utils/compile.sh" if lang.needs_cuda else "bash utils/compile.sh"
+    commands = [
+        ("compile", compile_cmd + ("" if lang.builds_extension else "   (checks model_new.py and kernels/*.py)")),
+        ("verify", "python3 -m utils.verification"),
+        ("profile", "python3 -m utils.profiling"),
+    ]
+    lines = [
+        f"[bold]task[/]       {escape(task.id)}  ({escape(task.name)}, hash {task.hash})",
+        f"[bold]language[/]   {language}",
+        f"[bold]workspace[/]  {escape(str(path))}  (inside the sandbox: {workdir})",
+        f"[bold]sandbox[/]    {sandbox_kind}: " + (("bubblewrap" if sandbox_kind == "local" else "a container")
+                                                 + ", no network, protected files read-only" if isolated
+                                                 else "[red]NOT ISOLATED[/] (see `kernel-env doctor`)"),
+        "",
+        "Read SKILL.md first. Your files: model_new.py and kernels/. Commands:",
+        *[f"  {label:<8} [cyan]{escape(cmd)}[/]" for label, cmd in commands],
+        "",
+        "Leave with [bold]exit[/] or Ctrl-D." + (" The workspace is kept." if keep else " The workspace is deleted then (--no-keep)."),
+        *([f"[yellow]note:[/] {escape(note)}"] if note else []),
+    ]
+    return Panel("\n".join(lines), title="kernel-env run-task", expand=False)
+
+
+def _open_episode(task: Task, *, language: str, sandbox_kind: str, device: str | None):
+    """(episode or None, workspace, sandbox, note): the agent's episode set-up, broker included, so that
+    utils.verification and utils.profiling work in the shell. Where the language cannot be evaluated here
+    (cuda without a GPU, and no --device asked for), a workspace and sandbox without evaluation, and a note."""
+    from kernel_env.runtime.episode import Episode, EpisodeError
+    from kernel_env.sandbox import SandboxError, make_sandbox
+    from kernel_env.workspace import Workspace
+
+    try:
+        episode = Episode.open(task, language=language, device=device, sandbox=sandbox_kind)
+        return episode, episode.workspace, episode.sandbox, None
+    except EpisodeError as exc:
+        if device is not None:
+            fail(f"task {task.id}: {exc}")
+        note = f"{exc}. This shell can edit and compile, but verification and profiling cannot run here."
+    except SandboxError as exc:
+        fail(f"task {task.id}: {exc}")
+    except OSError as exc:
+        fail(f"task {task.id}: cannot set up the workspace under {workspaces_dir()}: {exc}")
+    try:
+        workspace = Workspace.create(task, language)
+    except OSError as exc:
+        fail(f"cannot create a workspace for {task.id} under {workspaces_dir()}: {exc}")
+    try:
+        box = make_sandbox(sandbox_kind, workspace)
+        box.start()
+    except SandboxError as exc:
+        workspace.destroy()
+        fail(f"task {task.id}: {exc}")
+    return None, workspace, box, note
+
+
+# ----------------------------------------------------------------------------- --solution DIR
+
+
+def _run_solution(task: Task, solution: Path, *, language: str, sandbox: str, device: str | None,
+                  as_json: bool) -> int:
+    from kernel_env.evaluators.records import Mode
+    from kernel_env.evaluators.report import model_report
+    from kernel_env.runtime.episode import Episode, EpisodeError
+    from kernel_env.sandbox import SandboxError
+
+    if not (solution / "model_new.py").is_file():
+        fail(f"solution {solution}: no model_new.py there (a solution folder holds model_new.py and kernels/)")
+    quiet = as_json or not err.is_terminal
+    try:
+        with err.status(f"{task.id}: setting up the workspace and sandbox…") as status:
+            episode = Episode.open(task, language=language, device=device, sandbox=sandbox)
+            try:
+                copied = episode.workspace.copy_solution(solution)
+                status.update(f"{task.id}: building ({len(copied)} files), then verifying and timing on the "
+                              f"{episode.device.upper()} pool…")
+                build, result = episode.build_and_evaluate(Mode.FINAL)
+            finally:
+                episode.close(keep_workspace=False)
+    except (EpisodeError, SandboxError) as exc:
+        fail(f"task {task.id}: {exc}")
+    if as_json:
+        # One object on one line: the contract is that the last line of output is the result.
+        sys.stdout.write(json.dumps({**result.summary(), "build_ok": build.ok, "build_seconds": build.duration_s}) + "\n")
+    else:
+        if not quiet:
+            last = build.output.strip().splitlines()[-1] if build.output.strip() else "ok"
+            out.print(escape(build.output.strip()[-2000:]) if not build.ok else f"[dim]build: {escape(last)}[/]")
+        out.print(escape(model_report(result)))
+        render_result_table(result)
+    if result.fault == "evaluator":
+        err.print("[bold red]error:[/] the evaluation failed by the evaluator's fault, not the solution's; "
+                  "`kernel-env doctor` checks this machine", soft_wrap=True)
+        return EXIT_USAGE
+    return EXIT_OK if result.correct else EXIT_TASK_FAILED
