@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -22,6 +23,8 @@ import time
 from pathlib import Path
 
 from kernel_env.sandbox.base import readable
+
+log = logging.getLogger(__name__)
 
 SANDBOX_UID = 1000
 # /etc files the toolchain needs; the rest of /etc (keys, shadow, credentials) stays out.
@@ -201,7 +204,9 @@ class PidNamespace:
         try:
             pid = int(json.loads(data)["child-pid"])
             return cls(os.pidfd_open(pid), pid)
-        except (ValueError, KeyError, TypeError, OSError):
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            log.warning("bwrap's --info-fd report gave no pid namespace (%s: %s; read %r)", type(exc).__name__, exc,
+                        data[:200])
             return None
 
     def signal(self, signum: int) -> int:
