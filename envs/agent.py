@@ -41,7 +41,7 @@ from kernel_env.evaluators.records import EvalResult, EvalSettings
 from kernel_env.evaluators.report import model_report
 from kernel_env.evaluators.reward import RewardKind, paid_reward
 from kernel_env.resources import skill_file
-from kernel_env.runtime.episode import Selection, default_device
+from kernel_env.runtime.episode import Selection
 from kernel_env.runtime.pool import GpuPool
 from kernel_env.tasks import Task
 from kernel_env.tools import ToolBox, ToolResult, parse_tool_calls
@@ -105,10 +105,8 @@ class KernelAgentEnv(EpisodeEnv):
         self.tool_names = tools
         self.max_output_chars = max_output_chars
         self.toolbox: ToolBox | None = None
-        device = device or default_device()
-        super().__init__(task, language=language or ("cuda" if device == "cuda" else "cpp"), device=device,
-                         sandbox=sandbox, sandbox_options=sandbox_options, pool=pool, max_turns=max_turns,
-                         settings=settings, kernelbench_root=kernelbench_root)
+        super().__init__(task, language=language, device=device, sandbox=sandbox, sandbox_options=sandbox_options,
+                         pool=pool, max_turns=max_turns, settings=settings, kernelbench_root=kernelbench_root)
         self.observation_space = TextSpace(max_length=MAX_OBSERVATION_CHARS, min_length=0)
         self.action_space = ToolCallSpace()
 

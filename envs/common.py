@@ -20,7 +20,7 @@ from gymnasium import spaces
 
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.languages import Language, get_language
-from kernel_env.runtime.episode import Episode, default_device
+from kernel_env.runtime.episode import Episode, language_and_device
 from kernel_env.runtime.pool import GpuPool, shared_pool
 from kernel_env.tasks import Task, resolve_task
 
@@ -67,8 +67,10 @@ class EpisodeEnv(gymnasium.Env[str, Any]):
 
     task          a Task, or a spec for ``resolve_task`` ("example/relu_add", a .py file, ...);
                   ``reset(options={"task": ...})`` switches task
-    language      cuda | cpp | triton; an unknown one raises ValueError here
-    device        where the trusted harness runs: cuda | cpu (default: cuda where a GPU is visible)
+    language      cuda | cpp | triton (default: cuda where a GPU is visible, else cpp); an unknown
+                  one raises ValueError here
+    device        where the trusted harness runs: cuda | cpu (default: cuda where a GPU is visible);
+                  both defaults are ``kernel_env.runtime.episode.language_and_device``'s
     sandbox       sandbox backend: "local" (bubblewrap) or "docker"; ``sandbox_options`` go to its
                   constructor (e.g. ``{"image": "kernel-env-sandbox:cuda"}`` for docker)
     pool          a GpuPool, or a pool kind ("local", "ray") for this process's shared pool of that
@@ -82,15 +84,15 @@ class EpisodeEnv(gymnasium.Env[str, Any]):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, task: Task | str | None, *, language: str, device: str | None, sandbox: str,
+    def __init__(self, task: Task | str | None, *, language: str | None, device: str | None, sandbox: str,
                  sandbox_options: dict[str, Any] | None, pool: GpuPool | str | None, max_turns: int,
                  settings: EvalSettings | None, kernelbench_root: str | None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        language, self.device = language_and_device(language, device)  # the machine's unless named
         self.lang: Language = get_language(language)
         self.kernelbench_root = kernelbench_root
         self.task = self._task(task) if task is not None else None
-        self.device = device or default_device()
         self.sandbox_kind, self.sandbox_options = sandbox, sandbox_options
         self.pool = shared_pool(pool) if isinstance(pool, str) else pool
         self.max_turns = max_turns

@@ -75,7 +75,8 @@ class KernelRefineEnv(EpisodeEnv):
     """See the module docstring. Keyword arguments (``EpisodeEnv`` says more of the shared ones):
 
     task          a Task, or a spec for ``resolve_task``; ``reset(options={"task": ...})`` switches task
-    language      cuda | cpp | triton (default triton); its tag is the answer's tag
+    language      cuda | cpp | triton (default: cuda where a GPU is visible, else cpp); its tag is the
+                  answer's tag (the seed's traces are Triton's: pass language="triton" for them)
     device        where the trusted harness runs: cuda | cpu (default: cuda where a GPU is visible)
     sandbox       sandbox backend: "local" (default) or "docker", with ``sandbox_options``
     pool          a GpuPool, or a pool kind ("local", "ray"); default: the shared local pool
@@ -84,7 +85,7 @@ class KernelRefineEnv(EpisodeEnv):
                   and tolerance
     """
 
-    def __init__(self, task: Task | str | None = None, *, language: str = "triton", device: str | None = None,
+    def __init__(self, task: Task | str | None = None, *, language: str | None = None, device: str | None = None,
                  sandbox: str = "local", sandbox_options: dict[str, Any] | None = None,
                  pool: GpuPool | str | None = None, max_turns: int = 4, settings: EvalSettings | None = None,
                  kernelbench_root: str | None = None):

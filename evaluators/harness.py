@@ -53,7 +53,7 @@ from kernel_env.evaluators.records import (
     Timing,
     TrialReport,
 )
-from kernel_env.evaluators.reward import milestone_reward
+from kernel_env.evaluators.reward import close_calls, milestone_reward
 from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.evaluators.static_rules import check_sources
 from kernel_env.languages import get_language
@@ -82,7 +82,9 @@ class JobFailed(Exception):
 
 
 def _timing(times: list[float]) -> Timing:
-    return Timing(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times), calls=len(times))
+    quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    return Timing(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times), calls=len(times),
+                  p25_ms=quartiles[0], p75_ms=quartiles[2])
 
 
 def _seeds(count: int) -> list[int]:
@@ -138,6 +140,7 @@ def _concluded(result: EvalResult, job: EvalJob, started: float) -> EvalResult:
         result.fault = "candidate"
     result.reward = None if result.fault == "evaluator" else milestone_reward(
         result.correct, result.runtime_ms, result.eager_ms, result.compile_ms, job.settings.speedup_margin)
+    result.close_calls = close_calls(result) if result.correct else []
     result.duration_s = round(time.monotonic() - started, 3)
     return result
 

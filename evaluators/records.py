@@ -71,12 +71,22 @@ class TrialReport(BaseModel):
 
 
 class Timing(BaseModel):
-    """Milliseconds per call: median and spread over the timed calls."""
+    """Milliseconds per call: median and spread over the timed calls (quartiles: None in
+    baselines cached before they were recorded)."""
 
     median_ms: float
     min_ms: float
     max_ms: float
     calls: int
+    p25_ms: float | None = None
+    p75_ms: float | None = None
+
+    @property
+    def relative_spread(self) -> float | None:
+        """The interquartile range over the median: this machine's noise in one timing run."""
+        if self.p25_ms is None or self.p75_ms is None or self.median_ms <= 0:
+            return None
+        return (self.p75_ms - self.p25_ms) / self.median_ms
 
 
 class EvalResult(BaseModel):
@@ -106,6 +116,10 @@ class EvalResult(BaseModel):
     #: evaluator's (a child that could not start, the reference or the task failing, a worker lost,
     #: a harness error); None when correct. An evaluator's fault is never paid as a reward.
     fault: Fault | None = None
+    #: Baselines ("eager", "compile") whose milestone decision lies within the measured noise: the
+    #: speed-up's distance from the margin is smaller than the two timings' spread, so another run
+    #: may decide it the other way. The milestone stays what the numbers say (reward.close_calls).
+    close_calls: list[str] = Field(default_factory=list)
     # What the verdict was judged with (the job's settings), so every report states the real numbers.
     atol: float = 1e-2
     rtol: float = 1e-2
@@ -139,4 +153,5 @@ class EvalResult(BaseModel):
             "runtime_ms": self.runtime_ms, "eager_ms": self.eager_ms, "compile_ms": self.compile_ms,
             "speedup_vs_eager": self.speedup_vs_eager, "speedup_vs_compile": self.speedup_vs_compile,
             "error": self.error, "fault": self.fault, "violations": self.violations, "snapshot_hash": self.snapshot_hash,
+            "close_calls": self.close_calls,
         }

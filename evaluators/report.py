@@ -60,4 +60,8 @@ def model_report(result: EvalResult) -> str:
         lines.append(f"time: ModelNew {_ms(result.runtime_ms)} | eager {_ms(result.eager_ms)} | torch.compile {_ms(result.compile_ms)}  (median per call)")
         lines.append(f"speed-up: {_x(result.speedup_vs_eager)} vs eager, {_x(result.speedup_vs_compile)} vs torch.compile")
     lines.append(f"milestone: {milestone_text(result)}")
+    if result.close_calls:
+        baselines = " and ".join("torch.compile" if name == "compile" else name for name in result.close_calls)
+        lines.append(f"note: the speed-up vs {baselines} is within this machine's measured timing noise of the "
+                     f"{result.speedup_margin:.0%} margin: another run may reach a different milestone")
     return "\n".join(lines)

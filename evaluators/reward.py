@@ -53,6 +53,26 @@ def _valid(time_ms: float | None) -> bool:
     return time_ms is not None and math.isfinite(time_ms) and time_ms > 0
 
 
+def close_calls(result: EvalResult) -> list[str]:
+    """The baselines ("eager", "compile") whose milestone decision b(t, t0) lies within this
+    machine's measured noise: the relative speed-up (t0 - t) / t0 is closer to the margin than
+    the two timings' relative spreads added (``Timing.relative_spread``, the interquartile range
+    over the median). Such a decision may go the other way on another run; the milestone still is
+    what the numbers say. A timing without quartiles (an old cached baseline) decides nothing here."""
+    found = []
+    runtime = result.runtime
+    for name, baseline in (("eager", result.eager), ("compile", result.compiled_baseline)):
+        if runtime is None or baseline is None or not _valid(runtime.median_ms) or not _valid(baseline.median_ms):
+            continue
+        spreads = (runtime.relative_spread, baseline.relative_spread)
+        if None in spreads:
+            continue
+        gain = (baseline.median_ms - runtime.median_ms) / baseline.median_ms
+        if abs(gain - result.speedup_margin) < sum(spreads):
+            found.append(name)
+    return found
+
+
 def paid_reward(result: EvalResult, kind: RewardKind | str = RewardKind.MILESTONE) -> float:
     """The reward a trusted result pays: the milestone the harness recorded on it (-1 for a
     result it never concluded), or with ``kind="speedup"`` t_compile / t (-1 if incorrect).

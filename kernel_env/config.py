@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-DEFAULT_LANGUAGE = "cuda"
 DEFAULT_SANDBOX = "local"
 DEFAULT_POOL = "local"
 

@@ -10,7 +10,8 @@ change what another one's build includes. A build that finds no header for its k
 yet, another toolchain, ``KERNEL_ENV_PRECOMPILED_HEADERS=0``) compiles as before.
 
 ``prepare(language)``, called when a C++ or CUDA sandbox starts, precompiles in the background
-once per toolchain; a file lock keeps two processes from doing the same work.
+once per toolchain; a file lock keeps two processes from doing the same work. ``worth_making``
+says which headers a host can use (``kernel-env headers`` without an argument makes those).
 """
 
 from __future__ import annotations
@@ -54,6 +55,25 @@ def host_folder() -> Path | None:
     folder = headers_dir()
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def worth_making(device: str) -> tuple[list[str], dict[str, str]]:
+    """(the languages whose headers are worth making on this host, {skipped language: why}), for
+    a host whose device is ``device`` (``kernel_env.runtime.episode.default_device()``): the cuda
+    header (about 500 MB) only where cuda workspaces can build and run, with a GPU and nvcc."""
+    skipped = {}
+    if device != "cuda":
+        skipped["cuda"] = "no GPU here, so no cuda workspaces"
+    elif not _nvcc():
+        skipped["cuda"] = "no nvcc found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda)"
+    return [language for language in LANGUAGES if language not in skipped], skipped
+
+
+def _nvcc() -> str | None:
+    """nvcc where a workspace build looks for it (utils/build.py's find_cuda)."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    found = [str(Path(home) / "bin" / "nvcc") for home in homes if home and (Path(home) / "bin" / "nvcc").is_file()]
+    return found[0] if found else shutil.which("nvcc")
 
 
 def precompile(language: str, *, timeout: float = 900.0) -> subprocess.CompletedProcess:

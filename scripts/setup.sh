@@ -10,7 +10,10 @@
 #   5. pip install -e '.[test]'
 #
 # Idempotent and fast: a stamp in .venv keyed on pyproject.toml and the Python used skips steps
-# 3-5 when nothing changed. Never asks questions (CI has no stdin).
+# 3-5 when nothing changed. Never asks questions (CI has no stdin). Shows its progress: a line
+# per step with the seconds since the start, and pip's own output (a line per package it
+# collects, downloads and installs; its download bar on a terminal), so a log is never silent
+# for the minutes torch takes.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -19,8 +22,21 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 TORCH_MIN=${TORCH_MIN:-2.11}
 STAMP="$VENV/.kernel_env-setup"
 
-say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
-die() { printf '\033[1;31m[setup] error:\033[0m %s\n' "$*" >&2; exit 2; }
+# Bold on a terminal; plain in a log (no escape codes in CI output).
+if [ -t 1 ]; then BOLD=$'\033[1m' RED=$'\033[1;31m' PLAIN=$'\033[0m'; else BOLD='' RED='' PLAIN=''; fi
+say() { printf '%s[setup %4ss]%s %s\n' "$BOLD" "$SECONDS" "$PLAIN" "$*"; }
+die() { printf '%s[setup] error:%s %s\n' "$RED" "$PLAIN" "$*" >&2; exit 2; }
+
+# pip install with its progress: on a terminal pip as it is (its bar); in a log one line per
+# package, without the bar's redraws and the "Requirement already satisfied" lines of what is there.
+pip_install() {
+  if [ -t 1 ]; then
+    "$PY" -m pip install --disable-pip-version-check "$@"
+  else
+    "$PY" -m pip install --disable-pip-version-check --progress-bar off "$@" 2>&1 \
+      | { grep -v '^Requirement already satisfied' || true; }
+  fi
+}
 
 # ----------------------------------------------------------------------------- 1. system tools
 system_tools() {
@@ -101,12 +117,12 @@ have_torch=$(torch_version "$PY")
 if [ -n "$have_torch" ] && at_least "$have_torch" "$TORCH_MIN"; then
   say "torch $have_torch is already installed; keeping it"
 else
-  say "installing $TORCH_SPEC${have_torch:+ (found torch $have_torch, older than $TORCH_MIN)}"
-  "$PY" -m pip install --quiet "$TORCH_SPEC"
+  say "installing $TORCH_SPEC${have_torch:+ (found torch $have_torch, older than $TORCH_MIN)}: a large download (with its CUDA libraries, gigabytes), minutes on a usual connection"
+  pip_install "$TORCH_SPEC"
 fi
 
 say "installing kernel_env (editable) with its test dependencies"
-"$PY" -m pip install --quiet -e '.[test]'
+pip_install -e '.[test]'
 "$VENV/bin/kernel-env" --version >/dev/null || die "kernel-env does not start after the install"
 printf '%s' "$KEY" > "$STAMP"
 say "done: $VENV ($("$PY" --version), torch $(torch_version "$PY"))"

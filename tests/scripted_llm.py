@@ -49,7 +49,8 @@ class Reply:
 
 
 class ScriptedLLM:
-    """Serves ``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1 (a free port)."""
+    """Serves ``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1 (a free port), and
+    HTTP 404 anywhere else, as vLLM does (so an address without ``/v1`` is answered 404)."""
 
     def __init__(self, handler: Callable[[dict], Reply], *, model: str = "scripted-model"):
         self.handler = handler
@@ -119,13 +120,13 @@ class ScriptedLLM:
                 self.wfile.write(body)
 
             def do_GET(self) -> None:
-                if self.path.rstrip("/").endswith("/models"):
+                if self.path.rstrip("/") == "/v1/models":
                     self._send(200, {"object": "list", "data": [{"id": llm.model, "object": "model", "owned_by": "tests"}]})
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
 
             def do_POST(self) -> None:
-                if not self.path.rstrip("/").endswith("/chat/completions"):
+                if self.path.rstrip("/") != "/v1/chat/completions":
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
                 request = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")

@@ -231,6 +231,25 @@ def test_async_episodes_run_concurrently_in_one_event_loop():
     assert elapsed < 4.0, f"six one-second commands took {elapsed:.1f}s: they did not overlap"
 
 
+@pytest.mark.parametrize("gpus, named, expected", [
+    ([], {}, ("cpp", "cpu")),
+    ([], {"language": "triton"}, ("triton", "cpu")),
+    (["cuda:0"], {}, ("cuda", "cuda")),
+    (["cuda:0"], {"device": "cpu"}, ("cpp", "cpu")),
+    (["cuda:0"], {"language": "triton"}, ("triton", "cuda")),
+])
+@pytest.mark.parametrize("name", ["KernelAgent-v0", "KernelRefine-v0"])
+def test_the_language_and_device_follow_the_machine_unless_named(monkeypatch, name, gpus, named, expected):
+    """One rule for both environments, Episode.open and the workloads: cuda on a GPU machine, cpp
+    on the CPU; naming one of the two changes only that one."""
+    from kernel_env.runtime import episode
+
+    monkeypatch.setattr(episode, "visible_gpus", lambda: gpus)
+    env = kernel_env.make(name, task=TASK, **named)
+    assert (env.language, env.device) == expected
+    assert episode.language_and_device(named.get("language"), named.get("device")) == expected
+
+
 def test_unknown_options_fail_at_construction():
     with pytest.raises(ValueError, match="selection"):
         make_env(selection="first")

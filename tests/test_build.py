@@ -218,6 +218,11 @@ def test_model_new_syntax_error_fails_the_build(cpp_ws):
         proc = compile_ws(cpp_ws)
         assert proc.returncode != 0
         assert "model_new.py:" in proc.output and last_line(proc).startswith("BUILD FAILED"), proc.output
+        verdicts = [line for line in proc.output.splitlines() if line.startswith(("BUILD ", "CHECK ", "COMPILE "))]
+        assert verdicts == [last_line(proc)], proc.output  # one verdict: never BUILD OK, then BUILD FAILED
+        proc = compile_ws(cpp_ws, "kernels/relu_add.cpp")  # compiling one source says so too
+        assert proc.returncode != 0 and last_line(proc).startswith("BUILD FAILED: model_new.py"), proc.output
+        assert "COMPILE OK" not in proc.output, proc.output
     finally:
         model_new.write_text(good)
 
@@ -287,6 +292,12 @@ def test_triton_check_accepts_the_solution_and_catches_a_syntax_error(tmp_path):
         proc = compile_ws(ws)
         assert proc.returncode != 0
         assert "kernels/helpers.py:1" in proc.output and last_line(proc).startswith("BUILD FAILED"), proc.output
+        assert " OK" not in proc.output, proc.output
+        (ws.path / "kernels" / "helpers.py").unlink()
+        (ws.path / "model_new.py").write_text((ws.path / "model_new.py").read_text() + "\ndef broken(:\n")
+        proc = compile_ws(ws)
+        assert proc.returncode != 0 and "model_new.py:" in proc.output, proc.output
+        assert last_line(proc).startswith("BUILD FAILED") and " OK" not in proc.output, proc.output
         assert not list(ws.path.rglob("__pycache__")) and not list(ws.path.rglob("*.pyc"))
     finally:
         ws.destroy()

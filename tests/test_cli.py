@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 from support import TINY_TASK, bubblewrap_skip_reason
 from kernel_env.cli import app
+from kernel_env.resources import example_dir
 from kernel_env.sandbox.local import bubblewrap_problem
 
 runner = CliRunner()
@@ -134,13 +136,16 @@ def test_doctor_prints_a_table_and_its_meaning():
     assert "grading" not in result.stdout
     for word in ("python", "torch", "nvcc", "bubblewrap", "evaluation", "ripgrep", "What this means"):
         assert word in result.stdout
+    assert re.fullmatch(r"\[ +0\.\d s\] probing this machine\n", result.stderr), result.stderr  # what it does, in a log
 
 
 # ----------------------------------------------------------------------------- run-task
 
 
-def _cli(*args: str, home: Path, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KERNEL_ENV_HOME": str(home), "COLUMNS": "200"}
+def _cli(*args: str, home: Path, columns: int | None = 200, **kwargs) -> subprocess.CompletedProcess:
+    """The CLI in a child process, its output piped (no terminal); ``columns`` None leaves COLUMNS unset."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TTY_COMPATIBLE", "FORCE_COLOR")}
+    env.update(KERNEL_ENV_HOME=str(home), **({"COLUMNS": str(columns)} if columns else {}))
     return subprocess.run([sys.executable, "-m", "kernel_env.cli", *args], capture_output=True, text=True, env=env,
                           timeout=120, **kwargs)
 
@@ -163,6 +168,29 @@ def test_run_task_with_an_unknown_task_is_a_usage_error(tmp_path):
     assert "task example/nope: no such bundled example (known: relu_add" in result.stderr
 
 
+def test_run_task_takes_every_task_path_the_loaders_take(monkeypatch):
+    """`tasks examples/relu_add/task.py` lists it, so `run-task` takes it (here it goes on to say
+    it needs a terminal); a path that names nothing says so."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    listed = runner.invoke(app, ["tasks", "examples/relu_add/task.py"])
+    assert listed.exit_code == 0, listed.output
+    taken = runner.invoke(app, ["run-task", "examples/relu_add/task.py", "--language", "cpp"])
+    assert taken.exit_code == 2 and "needs a terminal" in taken.stderr, taken.output
+    missing = runner.invoke(app, ["run-task", "nope.py"])
+    assert missing.exit_code == 2 and "task nope.py: no such file" in missing.stderr, missing.output
+
+
+def test_the_language_options_default_to_the_machine():
+    """No command advertises a fixed language: without --language, the machine decides (cuda on a
+    GPU, cpp on the CPU: kernel_env.runtime.episode.language_and_device)."""
+    import typer.main
+
+    commands = typer.main.get_command(app).commands
+    for name in ("eval", "openhands", "run-task", "generate"):
+        (language,) = [p for p in commands[name].params if p.name == "language"]
+        assert language.default is None and "default: cuda with a GPU, else cpp" in language.help, name
+
+
 def test_run_task_json_needs_solution_mode():
     result = runner.invoke(app, ["run-task", "example/relu_add", "--json"])
     assert result.exit_code == 2 and "--json belongs to solution mode" in result.stderr
@@ -171,6 +199,73 @@ def test_run_task_json_needs_solution_mode():
 def test_run_task_rejects_an_unknown_language():
     result = runner.invoke(app, ["run-task", "example/relu_add", "--language", "fortran"])
     assert result.exit_code == 2
+
+
+def test_run_task_solution_piped_prints_its_phases_and_lines_whole_at_80_columns(tmp_path):
+    """A log of `run-task --solution` shows each phase as it starts, stamped with the seconds since
+    the start, then the result: no line broken at 80 columns, the table within them, its numbers whole."""
+    task = tmp_path / "relu_add_4k.py"
+    task.write_text((example_dir("relu_add") / "task.py").read_text().replace("1 << 24", "1 << 12"))
+    result = _cli("run-task", str(task), "--solution", str(example_dir("relu_add") / "solutions" / "triton"),
+                  "--language", "triton", "--device", "cpu", home=tmp_path, columns=80)
+    assert result.returncode == 0, result.stdout + result.stderr
+    phases = result.stderr.splitlines()
+    assert [re.sub(r"^\[ *\d+\.\d s\] ([a-z ]+?)(:| in).*", r"\1", line) for line in phases] == \
+        ["setting up", "building", "verifying and timing", "done"], result.stderr
+    assert "on the CPU" in phases[2] and "GPU" not in result.stderr
+    assert re.search(r"done in [\d.]+ s: correct, reward 1 \(setting up [\d.]+ s, building [\d.]+ s, "
+                     r"verifying and timing [\d.]+ s\)$", phases[3]), phases[3]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("build: CHECK OK: model_new.py")
+    [timing] = [line for line in lines if line.startswith("time: ModelNew")]
+    assert timing.endswith("(median per call)") and len(timing) > 80  # one line, however long
+    [milestone] = [line for line in lines if line.startswith("milestone:")]
+    assert milestone.endswith("(reward 1)")
+    table = lines[lines.index(next(line for line in lines if line.startswith("file/relu_add_4k"))):]
+    assert max(map(len, table)) <= 80, "\n".join(table)
+    assert re.fullmatch(r"yes +1 +\d+\.\d{4} +\d+\.\d{4} +\d+\.\d{4} +[\d.e-]+x +[\d.e-]+x", table[-1].strip()), table
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_metrics_table_fits_80_columns_with_every_number_whole(tmp_path, terminal):
+    from kernel_env.workloads.metrics import EpisodeRecord
+
+    def record(task: str, level: int | None, correct: bool, eager: float, compile: float, reward: float | None,
+               stop: str = "finished") -> str:
+        final = None if stop == "error" else {"correct": correct, "speedup_vs_eager": eager, "speedup_vs_compile": compile}
+        return EpisodeRecord(task_id=task, level=level, stop=stop, final=final, reward=reward, tool_calls=7,
+                             invalid_calls=1, model="Qwen/Qwen3-Coder-480B-A35B-Instruct", language="cuda",
+                             device="cuda").model_dump_json() + "\n"
+
+    run = tmp_path / "run.jsonl"
+    run.write_text(record("a", 1, True, 123.456, 100.0, 3.0) + record("b", 2, False, 1.0, 1.0, -1.0)
+                   + record("c", 3, True, 1.2, 0.9, 2.0) + record("d", 4, True, 0.0123, 0.01, 1.0)
+                   + record("e", None, False, 1.0, 1.0, None, stop="error"))
+    result = runner.invoke(app, ["report", str(run)], env={"COLUMNS": "80", "TTY_COMPATIBLE": "1" if terminal else "0"})
+    assert result.exit_code == 0, result.output
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout).splitlines()  # a terminal's styles
+    table = lines[1:lines.index("fast_p: correct with speed-up > p")]
+    assert max(map(len, table)) <= 80, result.stdout
+    assert table[0].split() == ["L1", "L2", "L3", "L4", "no", "level", "all"]
+    cells = {label: rest for label, *rest in (re.split(r" {2,}", line.strip()) for line in table[2:] if line.strip())}
+    assert cells["pass"] == ["100.0 %", "0.0 %", "100.0 %", "100.0 %", "0.0 %", "60.0 %"]
+    assert cells["faster than eager (>1x)"] == ["100.0 %", "0.0 %", "100.0 %", "0.0 %", "0.0 %", "40.0 %"]
+    assert cells["faster than compile (>1x)"] == ["100.0 %", "0.0 %", "0.0 %", "0.0 %", "0.0 %", "20.0 %"]
+    assert cells["geomean vs eager"][:4] == ["123.46x", "—", "1.20x", "0.012x"]
+    assert cells["mean reward"] == ["3.00", "-1.00", "2.00", "1.00", "—", "1.25"]
+    [note] = [i for i, line in enumerate(lines) if line.startswith("Per task the best episode counts")]
+    if terminal:  # a terminal wraps the note at its width...
+        assert all(len(line) <= 80 for line in lines[note:]) and len(lines) > note + 1
+    else:  # ...a log keeps it one line, whatever COLUMNS says
+        assert lines[note].endswith("(no reward).") and "1.05x by default" in lines[note]
+
+
+def test_on_off_flags_have_no_value_placeholder_in_help():
+    for command, flag in ((["doctor"], "--no-grade"), (["run-task"], "--no-keep"), (["eval"], "--json"),
+                          (["synth", "stats"], "--json"), ([], "--version")):
+        result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "120"})
+        assert result.exit_code == 0, result.output
+        assert flag in result.stdout and "<bool>" not in result.stdout, result.stdout
 
 
 def _drive_in_a_terminal(argv: list[str], env: dict, dialogue: list[tuple[str, bytes]], timeout: float = 30) -> tuple[str, int]:
@@ -218,7 +313,7 @@ def test_run_task_in_a_terminal_opens_a_shell_in_the_sandbox(tmp_path, keep):
     reason = bubblewrap_skip_reason()
     if reason:
         pytest.skip(reason)
-    env = {**os.environ, "KERNEL_ENV_HOME": str(tmp_path), "TERM": "xterm", "COLUMNS": "300"}
+    env = {**os.environ, "KERNEL_ENV_HOME": str(tmp_path), "TERM": "xterm", "COLUMNS": "80"}
     argv = [sys.executable, "-m", "kernel_env.cli", "run-task", "example/relu_add", "--language", "cpp"]
     if not keep:
         argv.append("--no-keep")
@@ -243,6 +338,8 @@ def test_run_task_in_a_terminal_opens_a_shell_in_the_sandbox(tmp_path, keep):
     if keep:
         assert len(workspaces) == 1 and "workspace kept:" in screen
         assert str(workspaces[0] / "workspace") in screen.replace("\r\n", "")
+        # The command to delete it is one line to copy, even in 80 columns (the terminal wraps it, not rich).
+        assert f"remove it with: chmod -R u+w {workspaces[0]} && rm -rf {workspaces[0]}\r\n" in screen, screen
     else:
         assert workspaces == []
 

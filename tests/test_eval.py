@@ -18,6 +18,7 @@ import asyncio
 import json
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ from kernel_env.workloads.agent_eval import (
     run_agent_eval,
     tool_messages,
 )
+from kernel_env.workloads.llm import RunError, Server, connect
 from kernel_env.workloads.metrics import EpisodeRecord, compute_metrics, read_records
 
 runner = CliRunner()
@@ -107,6 +109,15 @@ def test_eval_solves_the_cpp_example_and_report_rebuilds_its_tables(tmp_path):
                                      "--plot", str(plot), "--markdown", str(table)])
     thread.join()
     assert result.exit_code == 0, result.output
+
+    # The progress, as a log shows it: each turn, each evaluation the episode asked for, then its end, stamped.
+    progress = [re.sub(r"^\[ *\d+\.\d s\] ", "", line) for line in result.stderr.splitlines() if line.startswith("[")]
+    turns = [line for line in progress if " turn " in line]
+    assert turns == [f"{task.id}: turn {n} of 200" for n in range(1, 6)], result.stderr
+    progress = [line for line in progress if line not in turns]
+    assert progress[:2] == [f"{task.id}: verification (evaluation 1 of the episode)",
+                            f"{task.id}: final evaluation (evaluation 2 of the episode)"], result.stderr
+    assert re.fullmatch(rf"{task.id}: finished after 5 turns \(\d+ s\), reward 1.0, correct True", progress[2]), progress
 
     # The conversation the server saw: tools offered, the history sent back every turn.
     assert len(llm.requests) == len(CPP_SCRIPT)
@@ -240,12 +251,40 @@ def test_a_server_that_goes_away_ends_the_run_and_keeps_what_finished(tmp_path):
 # ============================================================================ usage and environment errors
 
 
-def test_an_unreachable_server_is_an_environment_error(tmp_path):
+def test_an_unreachable_server_is_an_environment_error_reported_at_once_and_writes_nothing(tmp_path):
     result = runner.invoke(app, ["eval", str(tiny_tasks(tmp_path, "a")), "--language", "triton", "--device", "cpu",
                                  "--base-url", "http://127.0.0.1:9/v1", "--output", str(tmp_path / "run.jsonl")])
     assert result.exit_code == 2
     assert "cannot reach the model server at http://127.0.0.1:9/v1" in result.output
-    assert not read_records(tmp_path / "run.jsonl")
+    assert not (tmp_path / "run.jsonl").exists()
+    started = time.monotonic()
+    with pytest.raises(ServerUnreachable, match="cannot reach the model server"):
+        asyncio.run(run_agent_eval([Task(id="tiny/a", name="a", code=TINY_CODE)],
+                                   AgentRunConfig(base_url="http://127.0.0.1:9/v1", language="triton", device="cpu"),
+                                   tmp_path / "out" / "run.jsonl"))
+    assert time.monotonic() - started < 1.0, "a refused connection is reported without retries"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_the_server_does_not_serve_fails_before_any_episode(tmp_path):
+    with ScriptedLLM(lambda request: Reply(tool_calls=[call("Finish")])) as llm:
+        result = runner.invoke(app, ["eval", str(tiny_tasks(tmp_path, "a")), "--language", "triton", "--device", "cpu",
+                                     "--base-url", llm.base_url, "--model", "gpt-nope", "--output",
+                                     str(tmp_path / "run.jsonl")])
+        assert llm.requests == []
+    assert result.exit_code == 2, result.output
+    assert "does not serve 'gpt-nope'; it serves scripted-model: pass one of them to --model" in result.output
+    assert not (tmp_path / "run.jsonl").exists()
+
+
+def test_an_address_without_v1_is_tried_with_it_and_a_wrong_one_names_the_fix():
+    with ScriptedLLM(lambda request: Reply(content="hi")) as llm:
+        root = llm.base_url.removesuffix("/v1")
+        assert connect(root + "/", None, serve_hint="x") == Server(llm.base_url, "scripted-model")
+        assert connect(llm.base_url, "scripted-model", serve_hint="x") == Server(llm.base_url, "scripted-model")
+        with pytest.raises(RunError, match=r"did not list its models at .*/api/models or .*/api/v1/models \(HTTP 404\); "
+                                           r"is the address right\? .* serve under /v1"):
+            connect(root + "/api", None, serve_hint="x")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -259,6 +298,7 @@ def test_bad_options_are_usage_errors(tmp_path, args, message):
     result = runner.invoke(app, ["eval", str(tiny_tasks(tmp_path, "a")), "--base-url", "http://127.0.0.1:9/v1",
                                  "--output", str(tmp_path / "run.jsonl"), *args])
     assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "run.jsonl").exists(), "a usage error wrote the output"
 
 
 def test_an_output_that_is_not_a_run_file_is_refused_and_left_alone(tmp_path):

@@ -961,7 +961,10 @@ def test_answers_computed_ahead_of_their_timed_calls_are_impossible(jobs, past_r
     honest = jobs.timed("triton", "honest")
     result = jobs.timed("triton", "precompute_ahead")
     assert_honest(result)
-    assert result.runtime_ms >= 0.5 * honest.runtime_ms, (
+    # Answers computed ahead would make the later calls a copy, two orders of magnitude under the
+    # interpreted kernel; the bound leaves room for a busy host that slowed one of the two runs
+    # (0.5 failed once with the honest run at 2.2 times the other under load).
+    assert result.runtime_ms >= 0.2 * honest.runtime_ms, (
         f"answers handed back from an earlier call: {result.runtime_ms:.4f} ms against the honest kernel's "
         f"{honest.runtime_ms:.4f} ms\n{why(result)}")
 

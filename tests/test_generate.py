@@ -87,7 +87,8 @@ def order(llm: ScriptedLLM) -> list[str]:
 
 
 def run(tasks: list[Task], llm: ScriptedLLM, output: Path, **options) -> tuple:
-    config = GenerateConfig(base_url=llm.base_url, device="cpu", settings=SETTINGS, **options)
+    """A generate run of Triton answers on the CPU (the seed's traces are Triton's)."""
+    config = GenerateConfig(base_url=llm.base_url, language="triton", device="cpu", settings=SETTINGS, **options)
     with TraceStore(output) as store:
         summary = asyncio.run(generate(tasks, config, store))
     return summary, {t["sample_key"]: t for t in json.loads(output.read_text())}
@@ -109,8 +110,8 @@ def free_port() -> int:
 
 
 def test_queue_is_fifo_and_retries_go_to_the_back():
-    queue = RefineQueue(max_turns=3)
-    a, b = QueueItem.for_task(task("a")), QueueItem.for_task(task("b"))
+    queue = RefineQueue(max_turns=3, language="triton")
+    a, b = QueueItem.for_task(task("a"), "triton"), QueueItem.for_task(task("b"), "triton")
     queue.add(a)
     queue.add(b)
     first = queue.pop()
@@ -121,8 +122,8 @@ def test_queue_is_fifo_and_retries_go_to_the_back():
 
 
 def test_queue_stops_feeds_back_and_finalizes_like_the_environment():
-    queue = RefineQueue(max_turns=2)
-    item = QueueItem.for_task(task("a"))
+    queue = RefineQueue(max_turns=2, language="triton")
+    item = QueueItem.for_task(task("a"), "triton")
     incorrect = {"correctness": False, "status": "incorrect", "mismatch": "trial 1: off by one"}
     assert queue.should_stop(1, incorrect) == (False, "continue")
     assert queue.build_feedback(incorrect).startswith("Incorrect output: mismatch with the PyTorch reference")
@@ -212,7 +213,7 @@ def test_rerunning_skips_finished_samples_and_does_the_rest(tmp_path):
     output = tmp_path / "out.json"
     with ScriptedLLM(lambda request: Reply(content="no code")) as llm:
         first = runner.invoke(app, ["generate", "--base-url", llm.base_url, "--tasks", str(tasks_file(tmp_path, "a", "b")),
-                                    "-o", str(output), "--device", "cpu", "--json"])
+                                    "-o", str(output), "--device", "cpu", "--language", "triton", "--json"])
         assert first.exit_code == 0, first.output
         assert sorted(order(llm)) == ["a1", "b1"], "without --multi-turn, one generation per sample (a batch: in any order)"
     before = {t["sample_key"]: t for t in json.loads(output.read_text())}
@@ -220,7 +221,7 @@ def test_rerunning_skips_finished_samples_and_does_the_rest(tmp_path):
 
     with ScriptedLLM(lambda request: Reply(content="no code")) as llm:
         second = runner.invoke(app, ["generate", "--base-url", llm.base_url, "--tasks",
-                                     str(tasks_file(tmp_path, "a", "b", "c")), "-o", str(output), "--device", "cpu", "--json"])
+                                     str(tasks_file(tmp_path, "a", "b", "c")), "-o", str(output), "--device", "cpu", "--language", "triton", "--json"])
         assert second.exit_code == 0, second.output
         assert order(llm) == ["c1"]
     summary = json.loads(second.stdout)
@@ -238,19 +239,67 @@ def test_a_failed_model_call_leaves_its_sample_for_a_rerun_and_exits_1(tmp_path)
     output = tmp_path / "out.json"
     with ScriptedLLM(flaky) as llm:
         result = runner.invoke(app, ["generate", "--base-url", llm.base_url, "--tasks", str(tasks_file(tmp_path, "a", "b")),
-                                     "-o", str(output), "--device", "cpu"])
+                                     "-o", str(output), "--device", "cpu", "--language", "triton"])
     assert result.exit_code == 1, result.output
     assert "test/b" in result.output and "fell over" in result.output and "rerun" in result.output
     assert [t["sample_key"] for t in json.loads(output.read_text())] == ["test/a"]
 
 
-def test_an_unreachable_server_is_a_clear_error_with_exit_2(tmp_path):
+def test_an_unreachable_server_is_a_clear_error_with_exit_2_at_once_and_writes_nothing(tmp_path):
     url = f"http://127.0.0.1:{free_port()}/v1"
     result = runner.invoke(app, ["generate", "--base-url", url, "--tasks", str(tasks_file(tmp_path, "a")),
                                  "-o", str(tmp_path / "out.json"), "--device", "cpu"])
     assert result.exit_code == 2 and f"cannot reach the model server at {url}" in result.output, result.output
+    started = time.monotonic()
     with TraceStore(tmp_path / "again.json") as store, pytest.raises(ServerUnreachable, match="start it"):
         asyncio.run(generate([task("a")], GenerateConfig(base_url=url, device="cpu"), store))
+    assert time.monotonic() - started < 1.0, "a refused connection is reported without retries"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tasks.jsonl"], "a run that never started wrote a file"
+
+
+def test_a_model_the_server_does_not_serve_fails_before_any_sample(tmp_path):
+    with ScriptedLLM(lambda request: Reply(content="no code")) as llm:
+        result = runner.invoke(app, ["generate", "--base-url", llm.base_url, "--model", "no-such-model", "--tasks",
+                                     str(tasks_file(tmp_path, "a")), "-o", str(tmp_path / "out.json"), "--device", "cpu"])
+        assert llm.requests == []
+    assert result.exit_code == 2, result.output
+    assert "does not serve 'no-such-model'; it serves scripted-model" in result.output, result.output
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_the_language_follows_the_machine_unless_named(tmp_path, monkeypatch):
+    from kernel_env.runtime import episode
+
+    monkeypatch.setattr(episode, "visible_gpus", lambda: [])  # a CPU machine: cpp, as every entry point
+    with ScriptedLLM(lambda request: Reply(content="no code")) as llm:
+        config = GenerateConfig(base_url=llm.base_url.removesuffix("/v1"), settings=SETTINGS)  # /v1 is added
+        with TraceStore(tmp_path / "out.json") as store:
+            summary = asyncio.run(generate([task("a")], config, store))
+        assert "<cpp>" in llm.requests[0]["messages"][0]["content"]
+    assert summary.base_url == llm.base_url and summary.written == 1
+    [trace] = json.loads((tmp_path / "out.json").read_text())
+    assert trace["language"] == "cpp"
+    assert RefineQueue(language=None).language.name == "cpp"
+
+
+def test_outputs_get_the_umasks_mode_or_keep_the_one_they_replace(tmp_path):
+    from kernel_env.workloads.agent_eval import RunFile
+    from kernel_env.workloads.metrics import EpisodeRecord
+
+    umask = os.umask(0o022)
+    try:
+        store = TraceStore(tmp_path / "traces.json", fold_every=1).open()
+        store.create()
+        store.add({"sample_key": "a", "turns": []})
+        run_file = RunFile(tmp_path / "run.jsonl").create()
+        run_file.append(EpisodeRecord(task_id="a", stop="finished"))
+        modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+        assert modes == {"traces.json": 0o644, "run.jsonl": 0o644}, {k: oct(v) for k, v in modes.items()}
+        (tmp_path / "traces.json").chmod(0o640)
+        store.add({"sample_key": "b", "turns": []})
+        assert (tmp_path / "traces.json").stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(umask)
 
 
 def test_without_samples_generate_is_a_usage_error(tmp_path):
@@ -285,7 +334,7 @@ def test_ctrl_c_keeps_every_finished_trace_and_a_rerun_resumes(tmp_path):
     with ScriptedLLM(answer) as llm:
         process = subprocess.Popen(
             [sys.executable, "-m", "kernel_env.cli", "generate", "--base-url", llm.base_url, "--tasks",
-             str(tasks_file(tmp_path, "a", "b")), "-o", str(output), "--device", "cpu", "--batch-size", "1"],
+             str(tasks_file(tmp_path, "a", "b")), "-o", str(output), "--device", "cpu", "--language", "triton", "--batch-size", "1"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
         try:
             deadline = time.monotonic() + 120

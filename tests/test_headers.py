@@ -155,6 +155,32 @@ def test_kernel_env_headers_precompiles_on_request(precompiled):
     assert wrong.exit_code == 2 and "no headers to precompile for 'triton'" in wrong.output
 
 
+def test_without_an_argument_it_makes_only_the_headers_this_machine_can_use(precompiled, monkeypatch):
+    """No GPU here: the cpp header, and a line saying the (500 MB) cuda one was skipped and how to make it."""
+    from typer.testing import CliRunner
+
+    from kernel_env.cli import app
+    from kernel_env.runtime import episode
+
+    monkeypatch.setattr(episode, "visible_gpus", lambda: [])
+    done = CliRunner().invoke(app, ["headers"])
+    assert done.exit_code == 0, done.output
+    assert f"cpp: PRECOMPILED: {precompiled} (already there)" in done.stdout, done.output
+    assert "cuda: skipped (no GPU here, so no cuda workspaces); `kernel-env headers cuda` makes it anyway" in done.stdout
+
+
+def test_the_cuda_header_is_worth_making_only_with_a_gpu_and_nvcc(tmp_path, monkeypatch):
+    assert headers.worth_making("cpu") == (["cpp"], {"cuda": "no GPU here, so no cuda workspaces"})
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert headers.worth_making("cuda") == (["cpp", "cuda"], {})
+    monkeypatch.delenv("CUDA_HOME")
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(headers, "_nvcc", lambda: None)
+    assert headers.worth_making("cuda")[1] == {"cuda": "no nvcc found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda)"}
+
+
 def test_turned_off_a_sandbox_neither_mounts_nor_names_them(make_sandbox):
     sandbox = make_sandbox("cpp")  # the suite's default: KERNEL_ENV_PRECOMPILED_HEADERS=0
     result = sandbox.exec('echo "[${KE_HEADERS-unset}]"; test -e /run/kernel_env/headers && echo mounted; true')

@@ -26,7 +26,7 @@ from kernel_env.workloads.report import (
     PlotUnavailable,
     markdown,
     plot_speedups,
-    rich_tables,
+    rich_report,
     speedups,
 )
 
@@ -214,14 +214,15 @@ def test_markdown_tables_have_a_row_per_level_and_overall():
     assert "| L1 | eager | 100.0 % | 100.0 % | 100.0 % | 100.0 % | 0.0 % |" in lines
 
 
-def test_rich_tables_render_the_same_rows():
+def test_rich_report_renders_the_same_figures():
     from rich.console import Console
 
     console = Console(width=140, record=True)
-    for table in rich_tables(compute_metrics([rec("a", eager=2.0, compile=1.5)]), title="t"):
-        console.print(table)
+    for part in rich_report(compute_metrics([rec("a", eager=2.0, compile=1.5)]), title="t"):
+        console.print(part)
     text = console.export_text()
-    assert "geomean" in text and "vs compile" in text and "1.50x" in text and "fast_1.5" in text
+    assert "geomean vs compile" in text and "1.50x" in text and "fast_1.5" in text
+    assert "faster than compile (>1x)" in text and "1.05x by default" in text  # the note says whose margin
 
 
 def test_the_plot_shows_counted_correct_speedups_per_level(tmp_path):

@@ -7,13 +7,13 @@ Validation runs each task in a real probe process; the probes of this module run
 from __future__ import annotations
 
 import json
-import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from support import TINY_TASK
+from kernel_env.resources import example_dir
 from kernel_env.tasks import (
     Task,
     TaskError,
@@ -108,8 +108,33 @@ def test_the_bundled_examples_load_by_name():
 
 
 def test_an_unknown_source_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a task")
     with pytest.raises(TaskError, match="not a .py file, a .jsonl file, a KernelBench folder or 'examples'"):
+        load_tasks(tmp_path / "notes.txt")
+
+
+def test_a_missing_source_or_task_file_says_no_such_file(tmp_path):
+    with pytest.raises(TaskError, match=r"^task source .*nothing_here.txt: no such file or folder$"):
         load_tasks(tmp_path / "nothing_here.txt")
+    with pytest.raises(TaskError, match=r"^task nope.py: no such file \(a task is example/NAME, a .py file"):
+        resolve_task("nope.py")
+    with pytest.raises(TaskError, match=r"^task source .*gone.jsonl: no such file or folder$"):
+        resolve_task(f"{tmp_path / 'gone.jsonl'}#some-id")
+
+
+def test_a_task_file_resolves_as_the_loaders_read_it_even_under_examples(monkeypatch):
+    """`tasks examples/relu_add/task.py` and `run-task examples/relu_add/task.py` name one task:
+    an existing file is a file, whatever its path starts with."""
+    monkeypatch.chdir(example_dir("relu_add").parent.parent)
+    (listed,) = load_tasks("examples/relu_add/task.py")
+    assert resolve_task("examples/relu_add/task.py") == listed
+    assert listed.code == resolve_task("example/relu_add").code
+    # Named from elsewhere, the bundled example's path is still the bundled example.
+    monkeypatch.chdir("/")
+    assert resolve_task("examples/relu_add/task.py").id == "example/relu_add"
+    if len(bundled := load_tasks("examples")) == 1:  # 'examples' names the bundled set wherever one stands
+        assert resolve_task("examples") == bundled[0]
+    assert resolve_task("example/relu_add/").id == "example/relu_add"
 
 
 # ----------------------------------------------------------------------------- hashes

@@ -14,7 +14,8 @@ its options, calls the library and renders the result.
     report RUN            an eval run's metrics again, from its run file                  eval.py
     openhands TASK        an OpenHands agent on one task, in its sandbox                  openhands.py
 
-Shared: ``common.py`` (exit codes, consoles, ``fail``, JSON, Ctrl-C for async runs),
+Shared: ``common.py`` (exit codes, the consoles that wrap only on a terminal, ``fail``, JSON,
+the phases of long jobs, the command classes every command is made with, Ctrl-C for async runs),
 ``options.py`` (every option more than one command takes), ``sources.py`` (loading and
 filtering a task source). Exit codes mean the same everywhere:
 
@@ -33,7 +34,7 @@ import importlib.metadata
 import typer
 
 from kernel_env.cli import doctor, eval, generate, image, openhands, run_task, synth, tasks
-from kernel_env.cli.common import EXIT_OK, out
+from kernel_env.cli.common import EXIT_OK, Command, Group, out
 
 app = typer.Typer(
     name="kernel-env",
@@ -42,6 +43,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
 
 
@@ -62,14 +64,14 @@ def _main(version: bool = typer.Option(False, "--version", help="Print the versi
 
 
 # In the order `kernel-env --help` lists them.
-app.command("tasks")(tasks.tasks)
-app.command("baseline")(tasks.baseline)
-app.command("headers")(tasks.headers)
-app.command("doctor")(doctor.doctor)
-app.command("run-task")(run_task.run_task)
+app.command("tasks", cls=Command)(tasks.tasks)
+app.command("baseline", cls=Command)(tasks.baseline)
+app.command("headers", cls=Command)(tasks.headers)
+app.command("doctor", cls=Command)(doctor.doctor)
+app.command("run-task", cls=Command)(run_task.run_task)
 app.add_typer(image.app, name="image")
 app.add_typer(synth.app, name="synth")
-app.command("generate")(generate.generate)
-app.command("eval")(eval.eval_command)
-app.command("report")(eval.report)
-app.command("openhands")(openhands.openhands)
+app.command("generate", cls=Command)(generate.generate)
+app.command("eval", cls=Command)(eval.eval_command)
+app.command("report", cls=Command)(eval.report)
+app.command("openhands", cls=Command)(openhands.openhands)

@@ -1,8 +1,13 @@
-"""What every ``kernel-env`` command shares: the exit codes, the two consoles, failing, printing.
+"""What every ``kernel-env`` command shares: the exit codes, the two consoles, failing, printing,
+the phases and progress of long jobs.
 
 Results go to stdout (``out``), progress and errors to stderr (``err``), so ``--json`` output
-can be piped. Nothing here knows about a particular command, and nothing here decides what
-the library decides.
+can be piped. The consoles are configured here, once, for both audiences: on a terminal rich
+wraps text at the terminal's width; anywhere else (a pipe, a log, CI) a line is never broken
+(soft wrap) and tables are laid out at their natural width, not squeezed into 80 columns
+(``COLUMNS`` set in the environment still sets the width). Tables are designed to fit 80
+columns. Nothing here knows about a particular command, and nothing here decides what the
+library decides.
 """
 
 from __future__ import annotations
@@ -11,19 +16,52 @@ import asyncio
 import json
 import signal
 import sys
+import threading
+import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import typer
-from rich.console import Console
+from rich import box
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Column, Table
+from typer.core import TyperCommand, TyperGroup
 
 EXIT_OK, EXIT_TASK_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # what a shell reports for Ctrl-C: resumable runs end with it
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+#: The width tables get where output is not a terminal: wide enough that rich never wraps a cell.
+UNWRAPPED_WIDTH = 10_000
+
+
+class CliConsole(Console):
+    """A rich console that hard-wraps only on a terminal.
+
+    Elsewhere ``print`` soft-wraps (a line stays one line, whatever its length: grep and CI logs
+    read it whole) and the width is ``UNWRAPPED_WIDTH`` unless ``COLUMNS`` or ``width=`` names one.
+    Both are read at each print, so a console made at import follows where its stream goes
+    (a test runner swapping sys.stdout included)."""
+
+    def print(self, *objects: Any, soft_wrap: bool | None = None, **options: Any) -> None:
+        super().print(*objects, soft_wrap=(not self.is_terminal) if soft_wrap is None else soft_wrap, **options)
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = Console.size.fget(self)
+        columns = self._environ.get("COLUMNS", "")
+        if self.is_terminal or self._width is not None or columns.isdigit():
+            return size
+        return ConsoleDimensions(UNWRAPPED_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+
+out = CliConsole(highlight=False)
+err = CliConsole(stderr=True, highlight=False)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -36,27 +74,157 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
+# ----------------------------------------------------------------------------- help
+
+
+class _OnOffFlags:
+    """Help that shows an on/off flag as just its name(s): typer writes a ``<bool>`` placeholder
+    beside ``--json`` or ``--grade/--no-grade``, as if they took a value."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class Command(_OnOffFlags, TyperCommand):
+    """The class of every kernel-env command (``app.command(name, cls=Command)``)."""
+
+
+class Group(_OnOffFlags, TyperGroup):
+    """The class of kernel-env and its command groups (``typer.Typer(cls=Group)``)."""
+
+
+# ----------------------------------------------------------------------------- progress
+
+
 def progress_bar(*, disable: bool) -> Progress:
     """The progress bar of a long job, on stderr: a description, the bar, done/total and the time taken."""
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=err, disable=disable)
 
 
+def stamped(seconds: float, line: str) -> str:
+    """A progress line for a log: the seconds since the job started, then what happens."""
+    return f"[{seconds:6.1f} s] {line}"
+
+
+class Phases:
+    """The phases of one long job on stderr, each with its time.
+
+    On a terminal: a live line (a spinner, the phase, its time so far) and, as each phase ends,
+    a line with its time. Elsewhere (a log): a plain line as each phase starts, stamped with the
+    seconds since the job started (``stamped``). ``quiet`` shows nothing (``--json``).
+    ``seconds`` holds each finished phase's time, for the caller's summary::
+
+        with Phases(quiet=as_json) as phases:
+            phases.start("setting up")
+            ...
+            phases.start("building")
+    """
+
+    def __init__(self, *, quiet: bool = False):
+        self.quiet = quiet
+        self.seconds: dict[str, float] = {}
+        self._live = not quiet and err.is_terminal
+        # The phase's text gives way (an ellipsis) before its time does, in a narrow terminal.
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}", table_column=Column(
+            ratio=1, no_wrap=True, overflow="ellipsis")), TimeElapsedColumn(), console=err, transient=True, expand=True,
+                                  disable=not self._live)
+        self._bar = None
+        self._phase: str | None = None
+        self._lock = threading.Lock()
+        self.started = self._phase_started = time.monotonic()
+
+    def __enter__(self) -> Phases:
+        self.started = self._phase_started = time.monotonic()
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._end_phase(failed=exc[0] is not None)
+        self._progress.stop()
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def start(self, phase: str, detail: str = "") -> None:
+        """End the current phase (if any) and start ``phase`` (its name in ``seconds``), shown as
+        ``phase: detail``. Plain text: neither is read as markup."""
+        with self._lock:
+            self._end_phase()
+            self._phase, self._phase_started = phase, time.monotonic()
+            line = f"{phase}: {detail}" if detail else phase
+            if self._live:
+                if self._bar is None:
+                    self._bar = self._progress.add_task(escape(line), total=None)
+                else:
+                    self._progress.reset(self._bar, description=escape(line))
+            elif not self.quiet:
+                err.print(escape(stamped(self.elapsed, line)), soft_wrap=True)
+
+    def summary(self) -> str:
+        """Each finished phase and its time: ``setting up 1.8 s, building 38.4 s``."""
+        return ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.seconds.items())
+
+    def note(self, line: str) -> None:
+        """A line beside the phases (plain text): stamped in a log, above the live line on a terminal."""
+        if self.quiet:
+            return
+        err.print(escape(line if self._live else stamped(self.elapsed, line)), soft_wrap=True)
+
+    def _end_phase(self, *, failed: bool = False) -> None:
+        if self._phase is None:
+            return
+        took = time.monotonic() - self._phase_started
+        self.seconds[self._phase] = took
+        if self._live and not failed:
+            err.print(f"[green]✓[/] {escape(self._phase)} [dim]({took:.1f} s)[/]", soft_wrap=True)
+        self._phase = None
+
+
+class ObservedPool:
+    """A GpuPool that tells ``on_job`` of each job before ``pool`` runs it: how the CLI learns that
+    an evaluation begins (the build before it is over). Closing it closes ``pool``."""
+
+    def __init__(self, pool, on_job: Callable[[Any], None]):
+        self.pool, self.on_job = pool, on_job
+
+    def submit(self, job):
+        self.on_job(job)
+        return self.pool.submit(job)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+# ----------------------------------------------------------------------------- results
+
+
 def render_result_table(result) -> None:
-    """One evaluation's ``EvalResult`` as a one-row table: correct, reward, times, speed-ups."""
+    """One evaluation's ``EvalResult`` as a one-row table (within 80 columns): correct, reward, times, speed-ups."""
     def ms(value: float | None) -> str:
         return "—" if value is None else f"{value:.4f}"
 
-    def x(value: float | None) -> str:
-        return "—" if value is None else f"{value:.2f}x"
+    def x(value: float | None) -> str:  # two significant digits below 0.1x: 0.0021x, not 0.00x
+        return "—" if value is None else f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
 
-    table = Table(title=f"{escape(result.task_id)} ({result.language}, {escape(result.device_name or result.device)})")
-    for column in ("correct", "reward", "ModelNew ms", "eager ms", "compile ms", "vs eager", "vs compile"):
-        table.add_column(column, justify="right")
+    table = Table(title=f"{escape(result.task_id)} ({result.language}, {escape(result.device_name or result.device)})",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for column in ("correct", "reward", "ModelNew\nms", "eager\nms", "compile\nms", "speed-up\nvs eager",
+                   "speed-up\nvs compile"):
+        table.add_column(column, justify="right", no_wrap=True)
     table.add_row("yes" if result.correct else "[red]no[/]", f"{result.reward:g}" if result.reward is not None else "—",
                   ms(result.runtime_ms), ms(result.eager_ms), ms(result.compile_ms), x(result.speedup_vs_eager),
                   x(result.speedup_vs_compile))
     out.print(table)
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
 
 
 def run_interruptibly(coro) -> Any:

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kernel_env.cli import options
-from kernel_env.cli.common import EXIT_OK, EXIT_USAGE, err, out, print_json
+from kernel_env.cli.common import EXIT_OK, EXIT_USAGE, Phases, out, print_json
 from kernel_env.workloads.doctor import Facts, Findings, examine
 
 
@@ -22,7 +22,11 @@ def doctor(as_json: options.Json = False,
            grade: bool = typer.Option(True, "--grade/--no-grade", help="Grade the bundled example end to end "
                                       "(about a minute on a CPU): the one check that proves evaluations work here.")) -> None:
     """What this machine has (GPU, compilers, sandbox, tools) and what that means for kernel_env."""
-    with err.status("probing this machine, then grading the bundled example…" if grade else "probing this machine…"):
+    with Phases(quiet=as_json) as phases:
+        if grade:
+            phases.start("probing this machine and grading the bundled example", "about a minute on a CPU")
+        else:
+            phases.start("probing this machine")
         findings = examine(grade=grade)
     if as_json:
         print_json(findings.to_record())

@@ -13,11 +13,11 @@ interrupted (every finished record is kept: rerun to resume).
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from kernel_env.cli import options
@@ -26,12 +26,14 @@ from kernel_env.cli.common import (
     EXIT_OK,
     EXIT_TASK_FAILED,
     EXIT_USAGE,
+    ObservedPool,
     err,
     fail,
     out,
     print_json,
     progress_bar,
     run_interruptibly,
+    stamped,
 )
 from kernel_env.cli.sources import select, source_or_task
 from kernel_env.config import DEFAULT_SANDBOX
@@ -65,7 +67,7 @@ def eval_command(
     as_json: options.Json = False,
 ) -> None:
     """Evaluate a tool-calling model as a KernelAgent-v0 agent over a task set: pass rate, faster rates, geomean speed-ups."""
-    from kernel_env.runtime.episode import default_device
+    from kernel_env.runtime.pool import default_pool
     from kernel_env.workloads.agent_eval import AgentRunConfig, EvalRunError, run_agent_eval
 
     _check_stdout(as_json, markdown_path)
@@ -73,28 +75,18 @@ def eval_command(
     if not selected:
         fail(f"task source {source}: no task matches the filters")
     done = {r.task_id for r in (_read_run(output) if output.is_file() else []) if r.stop != "error"}
-    where = device.value if device else default_device()
+    progress = _EvalProgress(total=sum(task.id not in done for task in selected), quiet=as_json,
+                             title=f"{len(selected)} tasks, {concurrency} at a time")
     config = AgentRunConfig(base_url=base_url, model=model, api_key=api_key,
-                            language=language.value if language else ("cuda" if where == "cuda" else "cpp"),
-                            device=where, sandbox=sandbox.value, max_turns=max_turns, concurrency=concurrency,
+                            language=language.value if language else None, device=device.value if device else None,
+                            sandbox=sandbox.value, max_turns=max_turns, concurrency=concurrency,
                             temperature=temperature, max_tokens=max_tokens, request_timeout=request_timeout,
-                            settings=options.parse_settings(settings_json))
-    with progress_bar(disable=as_json or not err.is_terminal) as progress:
-        bar = progress.add_task(f"{len(selected)} tasks, {concurrency} at a time",
-                                total=sum(task.id not in done for task in selected))
-
-        def report_episode(record, summary) -> None:
-            progress.update(bar, total=summary.to_do, completed=summary.written,
-                            description=f"{summary.finished} finished · {summary.turn_limit} turn limit · "
-                                        f"{len(summary.errors)} errors · {len(summary.evaluator_faults)} evaluator faults")
-            if not as_json and not err.is_terminal:
-                final = record.final or {}
-                err.print(escape(f"{record.task_id}: {record.stop} after {record.turns} turns, reward "
-                                 f"{record.reward if record.reward is not None else '—'}, correct {final.get('correct')}"
-                                 + (f" ({record.error})" if record.error else "")), soft_wrap=True)
-
+                            settings=options.parse_settings(settings_json),
+                            pool=ObservedPool(default_pool(), progress.evaluation))  # the pool tells the progress
+    with progress:
         try:
-            summary = run_interruptibly(run_agent_eval(selected, config, output, on_record=report_episode))
+            summary = run_interruptibly(run_agent_eval(selected, config, output, on_record=progress.episode,
+                                                         on_turn=progress.turn))
         except KeyboardInterrupt:
             err.print(f"[yellow]interrupted:[/] finished episodes are in {escape(str(output))}; rerun the same command to go on")
             raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -116,6 +108,62 @@ def eval_command(
                       "recorded; a rerun tries it again)", soft_wrap=True)
     # An evaluator's fault is this machine's problem (exit 2), before any episode's failure (exit 1).
     raise typer.Exit(EXIT_USAGE if summary.evaluator_faults else EXIT_TASK_FAILED if summary.errors else EXIT_OK)
+
+
+_EVALUATIONS = {"verify": "verification", "profile": "profiling", "final": "final evaluation"}  # by job mode
+
+
+class _EvalProgress:
+    """eval's progress on stderr: a bar of the episodes (on a terminal), and a line per evaluation
+    an episode asks for and per episode that ends (above the bar on a terminal; in a log, stamped
+    with the seconds since the run started). ``evaluation`` and ``episode`` may be called from any
+    thread."""
+
+    def __init__(self, *, total: int, quiet: bool, title: str):
+        self.quiet, self.live = quiet, not quiet and err.is_terminal
+        self.started = time.monotonic()
+        self.progress = progress_bar(disable=not self.live)
+        self.bar = self.progress.add_task(title, total=total)
+        self.evaluations: dict[str, int] = {}
+        self.turns: dict[str, tuple[int, int]] = {}
+
+    def __enter__(self) -> _EvalProgress:
+        self.started = time.monotonic()
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def evaluation(self, job) -> None:
+        """An episode's evaluation was handed to the pool (``ObservedPool``'s callback)."""
+        count = self.evaluations[job.task_id] = self.evaluations.get(job.task_id, 0) + 1
+        self._line(f"{job.task_id}: {_EVALUATIONS.get(job.mode.value, job.mode.value)} "
+                   f"(evaluation {count} of the episode)")
+
+    def turn(self, task_id: str, turn: int, max_turns: int) -> None:
+        """An episode took a step (run_agent_eval's ``on_turn``): the turns of every episode in flight."""
+        self.turns[task_id] = (turn, max_turns)
+        if self.live:
+            running = " · ".join(f"{task} {done}/{limit}" for task, (done, limit) in list(self.turns.items())[-3:])
+            self.progress.update(self.bar, description=f"turns: {running}")
+        else:
+            self._line(f"{task_id}: turn {turn} of {max_turns}")
+
+    def episode(self, record, summary) -> None:
+        """An episode ended and its record is written (run_agent_eval's ``on_record``)."""
+        self.turns.pop(record.task_id, None)
+        self.progress.update(self.bar, total=summary.to_do, completed=summary.written,
+                             description=f"{summary.finished} finished · {summary.turn_limit} turn limit · "
+                                         f"{len(summary.errors)} errors · {len(summary.evaluator_faults)} evaluator faults")
+        final = record.final or {}
+        self._line(f"{record.task_id}: {record.stop} after {record.turns} turns ({record.duration_s:.0f} s), reward "
+                   f"{record.reward if record.reward is not None else '—'}, correct {final.get('correct')}"
+                   + (f" ({record.error})" if record.error else ""))
+
+    def _line(self, text: str) -> None:
+        if not self.quiet:
+            err.print(escape(text if self.live else stamped(time.monotonic() - self.started, text)), soft_wrap=True)
 
 
 def report(
@@ -151,7 +199,7 @@ def _show_metrics(records: list, *, plot: Path | None, markdown_path: Path | Non
                   extra: dict[str, Any]) -> None:
     """The metrics of ``records``: rich tables (or JSON) on stdout, markdown and the plot where asked."""
     from kernel_env.workloads.metrics import compute_metrics
-    from kernel_env.workloads.report import PlotUnavailable, describe, markdown, plot_speedups, rich_tables
+    from kernel_env.workloads.report import PlotUnavailable, describe, markdown, plot_speedups, rich_report
 
     metrics = compute_metrics(records)
     title = describe(records)
@@ -177,10 +225,8 @@ def _show_metrics(records: list, *, plot: Path | None, markdown_path: Path | Non
         print_json({**extra, "title": title, "metrics": metrics.to_dict(), **notes})
         return
     if str(markdown_path) != "-":
-        # Piped output gets room for the whole table (rich would squeeze it into 80 columns).
-        console = out if out.is_terminal else Console(highlight=False, width=max(out.width, 110))
-        for table in rich_tables(metrics, title=title):
-            console.print(table)
+        for part in rich_report(metrics, title=title):
+            out.print(part)
     for what in ("markdown", "plot"):
         if what in notes:
             err.print(f"{what}: {escape(notes[what])}")

@@ -10,6 +10,7 @@ them); 130 interrupted (every finished trace is kept: rerun to resume).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import typer
@@ -27,6 +28,7 @@ from kernel_env.cli.common import (
     print_json,
     progress_bar,
     run_interruptibly,
+    stamped,
 )
 from kernel_env.config import DEFAULT_SANDBOX
 from kernel_env.tasks import TaskError
@@ -50,7 +52,7 @@ def generate(
     kernelbench_samples: int = typer.Option(1000, "--kernelbench-samples", min=0, help="At most this many KernelBench problems."),
     kernelbook_samples: int = typer.Option(1500, "--kernelbook-samples", min=0, help="At most this many KernelBook records."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random sample of a capped source."),
-    language: options.Language = options.LanguageName("triton"),
+    language: options.LanguageOrAuto = None,
     device: options.Device = None,
     sandbox: options.Sandbox = options.SandboxKind(DEFAULT_SANDBOX),
     pool: str = typer.Option("local", "--pool", help="Evaluation pool: local (this machine's GPUs, or its CPU) "
@@ -84,7 +86,7 @@ def generate(
     except OSError as exc:
         fail(f"cannot read the samples: {exc}")
     config = GenerateConfig(base_url=base_url, model=model, api_key=api_key, multi_turn=multi_turn, max_turns=max_turns,
-                            batch_size=batch_size, max_active=max_active, language=language.value,
+                            batch_size=batch_size, max_active=max_active, language=language.value if language else None,
                             device=device.value if device else None, sandbox=sandbox.value, pool=pool,
                             temperature=temperature, max_tokens=max_tokens, request_timeout=request_timeout)
     store = TraceStore(output)
@@ -92,6 +94,7 @@ def generate(
         store.open()
     except (GenerateError, OSError) as exc:
         fail(str(exc))
+    started = time.monotonic()
     with progress_bar(disable=as_json or not err.is_terminal) as progress:
         bar = progress.add_task("generating", total=sum(task.id not in store.finished for task in selected))
 
@@ -102,7 +105,7 @@ def generate(
                                         f"{len(summary.failed)} failed · {len(summary.evaluator_faults)} evaluator "
                                         f"faults · {waiting} in line")
             if not err.is_terminal and not as_json:
-                err.print(escape(event), soft_wrap=True)
+                err.print(escape(stamped(time.monotonic() - started, event)), soft_wrap=True)
 
         try:
             summary = run_interruptibly(run_generate(selected, config, store, on_progress=report))

@@ -11,14 +11,14 @@ import enum
 import typer
 from rich.markup import escape
 
-from kernel_env.cli.common import err, fail, out
+from kernel_env.cli.common import Command, Group, err, fail, out
 
 app = typer.Typer(help="Container images for the docker sandbox and GPU workers (sandbox_images/).",
-                  no_args_is_help=True)
+                  no_args_is_help=True, cls=Group)
 ImageKind = enum.Enum("ImageKind", {"cuda": "cuda", "cpu": "cpu"}, type=str)
 
 
-@app.command("build")
+@app.command("build", cls=Command)
 def build(
     kind: ImageKind = typer.Argument(..., help="cuda (CUDA devel base: sandboxes and GPU workers) or cpu."),
     tag: str | None = typer.Option(None, "--tag", help="Image tag (default: kernel_env/<kind>:<version>)."),

@@ -22,6 +22,8 @@ from kernel_env.cli.common import (
     EXIT_OK,
     EXIT_TASK_FAILED,
     EXIT_USAGE,
+    ObservedPool,
+    Phases,
     err,
     fail,
     out,
@@ -51,8 +53,10 @@ def openhands(
     as_json: options.Json = False,
 ) -> None:
     """Run an OpenHands agent on one task in its sandbox; write the conversation and the trusted final result."""
+    from kernel_env.evaluators.records import Mode
     from kernel_env.evaluators.report import model_report
     from kernel_env.runtime.episode import EpisodeError
+    from kernel_env.runtime.pool import default_pool
     from kernel_env.sandbox import SandboxError
 
     os.environ.setdefault("LOG_LEVEL", "ERROR")  # OpenHands' log would bury the report (set LOG_LEVEL to see it)
@@ -68,10 +72,18 @@ def openhands(
     # OpenHands takes whole seconds.
     llm = LLM(model=_litellm_model(model), base_url=base_url, api_key=SecretStr(api_key), usage_id="kernel-env",
               temperature=temperature, timeout=math.ceil(request_timeout), num_retries=2)
+    visualize = out.is_terminal and not as_json  # OpenHands' own rendering of each event
     try:
-        run = run_openhands(spec, llm, language=language.value if language else None,
-                            device=device.value if device else None, sandbox=sandbox.value, settings=settings,
-                            max_iterations=max_iterations, visualize=out.is_terminal and not as_json)
+        with Phases(quiet=as_json or visualize) as phases:
+            pool = ObservedPool(default_pool(), lambda job: phases.start(
+                "final evaluation", "a clean rebuild, evaluated by the trusted harness")
+                if job.mode == Mode.FINAL else None)
+            steps = _StepLines(phases)
+            phases.start("the agent", f"{spec.id}, at most {max_iterations} steps")
+            run = run_openhands(spec, llm, language=language.value if language else None,
+                                device=device.value if device else None, sandbox=sandbox.value, pool=pool,
+                                settings=settings, max_iterations=max_iterations, visualize=visualize,
+                                callbacks=[steps])
     except (EpisodeError, SandboxError) as exc:
         fail(f"task {spec.id}: {exc}")
     try:
@@ -93,6 +105,20 @@ def openhands(
                   f"{escape(run.final.error or '')}", soft_wrap=True)
         raise typer.Exit(EXIT_USAGE)
     raise typer.Exit(EXIT_OK if run.final.correct else EXIT_TASK_FAILED)
+
+
+class _StepLines:
+    """An OpenHands event callback: a line per agent action (its step and tool), beside the phases."""
+
+    def __init__(self, phases: Phases):
+        self.phases, self.steps = phases, 0
+
+    def __call__(self, event) -> None:
+        tool = getattr(event, "tool_name", None)
+        if tool and hasattr(event, "action"):  # an ActionEvent; its observation comes as another event
+            self.steps += 1
+            summary = getattr(event, "summary", None)
+            self.phases.note(f"step {self.steps}: {tool}" + (f" ({summary})" if summary else ""))
 
 
 def _litellm_model(model: str) -> str:

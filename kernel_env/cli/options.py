@@ -50,7 +50,8 @@ Count = Annotated[int | None, typer.Option("--count", min=1, help="At most this 
 
 # ----------------------------------------------------------------------------- where code runs
 
-Language = Annotated[LanguageName, typer.Option("--language", "-l", help="What the kernels are written in.")]
+# Every command's language follows the machine unless named: LanguageOrAuto with the default None, which
+# kernel_env.runtime.episode.language_and_device resolves (the one rule, for the CLI and Python alike).
 LanguageOrAuto = Annotated[LanguageName | None, typer.Option(
     "--language", "-l", help="What the kernels are written in (default: cuda with a GPU, else cpp).")]
 Device = Annotated[DeviceName | None, typer.Option(
@@ -63,9 +64,10 @@ Settings = Annotated[str | None, typer.Option(
 # The default address is kernel_env.workloads.llm.DEFAULT_BASE_URL.
 
 BaseUrl = Annotated[str, typer.Option(
-    "--base-url", help="OpenAI-compatible model server (vLLM, SGLang, OpenAI; agents need tool calling).")]
+    "--base-url", help="OpenAI-compatible model server (vLLM, SGLang, OpenAI; agents need tool calling); an address "
+                       "without /v1 is tried with it.")]
 Model = Annotated[str | None, typer.Option(
-    "--model", help="Model name (default: the server's model; name one where it serves several).")]
+    "--model", help="Model name, one the server lists (default: the server's model; name one where it serves several).")]
 ApiKey = Annotated[str, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="API key, if the server wants one.")]
 Temperature = Annotated[float, typer.Option("--temperature", min=0.0, help="Sampling temperature.")]
 ServerTemperature = Annotated[float | None, typer.Option(
@@ -79,7 +81,7 @@ RequestTimeout = Annotated[float, typer.Option("--request-timeout", min=1.0, hel
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for machines) instead of tables.")]
 # "\[" keeps rich from reading [eval] as markup in --help.
 Plot = Annotated[Path | None, typer.Option(
-    "--plot", help="Save the speed-up distribution here (PNG; needs kernel_env\\[eval]).")]
+    "--plot", help="Save the speed-up distribution here (PNG; needs matplotlib: pip install 'kernel_env\\[eval]').")]
 Markdown = Annotated[Path | None, typer.Option(
     "--markdown", help="Write the metrics as markdown tables here ('-': stdout).")]
 

@@ -23,16 +23,26 @@ from rich.markup import escape
 from rich.panel import Panel
 
 from kernel_env.cli import options
-from kernel_env.cli.common import EXIT_OK, EXIT_TASK_FAILED, EXIT_USAGE, err, fail, out, render_result_table
+from kernel_env.cli.common import (
+    EXIT_OK,
+    EXIT_TASK_FAILED,
+    EXIT_USAGE,
+    ObservedPool,
+    Phases,
+    err,
+    fail,
+    out,
+    render_result_table,
+)
 from kernel_env.cli.sources import resolve
-from kernel_env.config import DEFAULT_LANGUAGE, DEFAULT_SANDBOX, workspaces_dir
+from kernel_env.config import DEFAULT_SANDBOX, workspaces_dir
 from kernel_env.languages import get_language
 from kernel_env.tasks import Task
 
 
 def run_task(
     task: options.TaskSpec,
-    language: options.Language = options.LanguageName(DEFAULT_LANGUAGE),
+    language: options.LanguageOrAuto = None,
     sandbox: options.Sandbox = options.SandboxKind(DEFAULT_SANDBOX),
     keep: bool = typer.Option(True, "--keep/--no-keep", help="Keep the workspace when the shell exits (default: keep, "
                                                               "so what you wrote survives; its path is printed)."),
@@ -47,13 +57,15 @@ def run_task(
     --json goes with --solution: the solution's result as one JSON object on the last line."""
     if solution is None and as_json:
         fail("--json belongs to solution mode: add --solution DIR")
+    from kernel_env.runtime.episode import language_and_device
+
     spec = resolve(task, kernelbench)
-    where = device.value if device else None
+    where = device.value if device else None  # None: the machine's, and no device was asked for
+    chosen, _ = language_and_device(language.value if language else None, where)
     if solution is not None:
-        raise typer.Exit(_run_solution(spec, solution, language=language.value, sandbox=sandbox.value, device=where,
+        raise typer.Exit(_run_solution(spec, solution, language=chosen, sandbox=sandbox.value, device=where,
                                        as_json=as_json))
-    raise typer.Exit(_run_interactive(spec, language=language.value, sandbox_kind=sandbox.value, keep=keep,
-                                      device=where))
+    raise typer.Exit(_run_interactive(spec, language=chosen, sandbox_kind=sandbox.value, keep=keep, device=where))
 
 
 # ----------------------------------------------------------------------------- the shell
@@ -83,8 +95,10 @@ def _run_interactive(task: Task, *, language: str, sandbox_kind: str, keep: bool
             tampered = workspace.tampered_files()
             if tampered:
                 err.print(f"[yellow]note:[/] protected files changed: {', '.join(tampered)}")
+            # soft_wrap: the command stays one line (to copy), however narrow the terminal.
             err.print(f"workspace kept: {escape(str(workspace.path))}\n"
-                      f"  remove it with: chmod -R u+w {escape(str(workspace.root))} && rm -rf {escape(str(workspace.root))}")
+                      f"  remove it with: chmod -R u+w {escape(str(workspace.root))} && rm -rf {escape(str(workspace.root))}",
+                      soft_wrap=True)
         else:
             workspace.destroy()
     if problem:
@@ -155,33 +169,43 @@ def _open_episode(task: Task, *, language: str, sandbox_kind: str, device: str |
 
 def _run_solution(task: Task, solution: Path, *, language: str, sandbox: str, device: str | None,
                   as_json: bool) -> int:
+    """The solution through the agent's path, its phases on stderr (a live line on a terminal,
+    stamped lines in a log), then the build's last line, the report and the table on stdout."""
     from kernel_env.evaluators.records import Mode
     from kernel_env.evaluators.report import model_report
-    from kernel_env.runtime.episode import Episode, EpisodeError
+    from kernel_env.runtime.episode import COMPILE_COMMAND, Episode, EpisodeError
+    from kernel_env.runtime.pool import default_pool
     from kernel_env.sandbox import SandboxError
 
     if not (solution / "model_new.py").is_file():
         fail(f"solution {solution}: no model_new.py there (a solution folder holds model_new.py and kernels/)")
-    quiet = as_json or not err.is_terminal
     try:
-        with err.status(f"{task.id}: setting up the workspace and sandbox…") as status:
-            episode = Episode.open(task, language=language, device=device, sandbox=sandbox)
+        with Phases(quiet=as_json) as phases:
+            # The pool says when the evaluation begins: the build is over then.
+            pool = ObservedPool(default_pool(), lambda job: phases.start(
+                "verifying and timing", f"the trusted evaluation on {_where(job.device)}"))
+            phases.start("setting up", f"{task.id}: its workspace and sandbox")
+            episode = Episode.open(task, language=language, device=device, sandbox=sandbox, pool=pool)
             try:
                 copied = episode.workspace.copy_solution(solution)
-                status.update(f"{task.id}: building ({len(copied)} files), then verifying and timing on the "
-                              f"{episode.device.upper()} pool…")
+                phases.start("building", f"the {episode.language.name} solution ({', '.join(copied)}) with "
+                                         f"{COMPILE_COMMAND}")
                 build, result = episode.build_and_evaluate(Mode.FINAL)
             finally:
                 episode.close(keep_workspace=False)
     except (EpisodeError, SandboxError) as exc:
         fail(f"task {task.id}: {exc}")
+    if not as_json:
+        verdict = "evaluator fault" if result.fault == "evaluator" else "correct" if result.correct else "not correct"
+        phases.note(f"done in {phases.elapsed:.1f} s: {verdict}, reward "
+                    f"{'—' if result.reward is None else f'{result.reward:g}'} ({phases.summary()})")
     if as_json:
         # One object on one line: the contract is that the last line of output is the result.
         sys.stdout.write(json.dumps({**result.summary(), "build_ok": build.ok, "build_seconds": build.duration_s}) + "\n")
     else:
-        if not quiet:
+        if build.ok:  # a failed build's output is in the report
             last = build.output.strip().splitlines()[-1] if build.output.strip() else "ok"
-            out.print(escape(build.output.strip()[-2000:]) if not build.ok else f"[dim]build: {escape(last)}[/]")
+            out.print(f"[dim]build: {escape(last)}[/]", soft_wrap=True)
         out.print(escape(model_report(result)))
         render_result_table(result)
     if result.fault == "evaluator":
@@ -189,3 +213,7 @@ def _run_solution(task: Task, solution: Path, *, language: str, sandbox: str, de
                   "`kernel-env doctor` checks this machine", soft_wrap=True)
         return EXIT_USAGE
     return EXIT_OK if result.correct else EXIT_TASK_FAILED
+
+
+def _where(device: str) -> str:
+    return "the CPU" if device == "cpu" else "the GPU" if device == "cuda" else device

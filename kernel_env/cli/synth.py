@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import os
 import random
+import time
 from pathlib import Path
 
 import typer
@@ -24,18 +25,21 @@ from kernel_env.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TASK_FAILED,
+    Command,
+    Group,
     err,
     fail,
     out,
     print_json,
     progress_bar,
+    stamped,
 )
 from kernel_env.cli.sources import load_source
 from kernel_env.tasks import Task
 from kernel_env.workloads.llm import DEFAULT_BASE_URL
 
 app = typer.Typer(help="Synthesise training tasks (CUDA-Agent-Ops-6K pipeline): compose torch operators, "
-                       "decontaminate, filter in isolated processes. Subcommands inspect the stages.")
+                       "decontaminate, filter in isolated processes. Subcommands inspect the stages.", cls=Group)
 ComposerName = enum.Enum("ComposerName", {"deterministic": "deterministic", "llm": "llm"}, type=str)
 SizeName = enum.Enum("SizeName", {"realistic": "realistic", "small": "small"}, type=str)
 
@@ -110,6 +114,7 @@ def synth(
         err.print(f"synth: {count} tasks into {escape(str(out_path))} ({composer.value} composer, {config.size} sizes, "
                   f"filter on {where} within [{low:g}, {high:g}] ms, decontaminated against {escape(eval_name)}; "
                   f"state in {escape(str(config.state_dir))})", soft_wrap=True)
+    started = time.monotonic()
     with progress_bar(disable=as_json or not err.is_terminal) as progress:
         bar = progress.add_task("kept", total=count)
 
@@ -117,7 +122,7 @@ def synth(
             progress.update(bar, completed=min(p.kept, count),
                             description=f"kept · {p.dropped} contaminated · {p.rejected} rejected · {p.screening} screening")
             if not err.is_terminal and not as_json:
-                err.print(escape(p.event), soft_wrap=True)
+                err.print(escape(stamped(time.monotonic() - started, p.event)), soft_wrap=True)
 
         try:
             summary = run(config, restart=restart, on_progress=report, notes=[note] if note else [])
@@ -134,7 +139,7 @@ def synth(
     raise typer.Exit(EXIT_OK if summary.complete else EXIT_TASK_FAILED)
 
 
-@app.command("stats")
+@app.command("stats", cls=Command)
 def stats(source: options.Source, as_json: options.Json = False) -> None:
     """The share of 1- … 5-operator compositions and transformers tasks in a task set (Table 3)."""
     from kernel_env.workloads.synth.stats import composition_stats
@@ -146,7 +151,7 @@ def stats(source: options.Source, as_json: options.Json = False) -> None:
         _render_stats(found)
 
 
-@app.command("seeds")
+@app.command("seeds", cls=Command)
 def seeds(
     output: Path | None = typer.Option(None, "--out", "-o", help="Also write each seed as a one-operator task (.jsonl/.parquet)."),
     size: SizeName = typer.Option(SizeName("realistic"), "--size", help="Input sizes of the written tasks."),
@@ -188,7 +193,7 @@ def seeds(
         out.print(f"[yellow]note:[/] {escape(line)}", soft_wrap=True)
 
 
-@app.command("decontam")
+@app.command("decontam", cls=Command)
 def decontam(
     source: str = typer.Argument(..., help="The task set to check (any `tasks` source)."),
     eval_set: str = typer.Option(..., "--eval-set", help="The evaluation set (any `tasks` source, e.g. a KernelBench checkout)."),

@@ -95,16 +95,22 @@ def baseline(
 
 
 def headers(
-    language: list[str] = typer.Argument(None, help="cpp and/or cuda (default: both; cuda needs nvcc)."),
+    language: list[str] = typer.Argument(None, help="cpp and/or cuda (default: those this machine can use: cpp, "
+                                                    "and cuda where there is a GPU and nvcc)."),
 ) -> None:
     """Precompile torch's headers for workspace builds with this host's toolchain (about half of a
     binding source's compile time). Sandboxes also do this in the background on first use."""
     from kernel_env import headers as precompiled
+    from kernel_env.runtime.episode import default_device
 
-    failed = False
-    for name in language or list(precompiled.LANGUAGES):
+    for name in language or []:
         if name not in precompiled.LANGUAGES:
             fail(f"no headers to precompile for {name!r}; choose from {', '.join(precompiled.LANGUAGES)}")
+    names, skipped = (language, {}) if language else precompiled.worth_making(default_device())
+    for name, why in skipped.items():
+        out.print(f"{name}: skipped ({escape(why)}); `kernel-env headers {name}` makes it anyway", soft_wrap=True)
+    failed = False
+    for name in names:
         with err.status(f"precompiling torch headers for {name} workspaces (about half a minute)"):
             proc = precompiled.precompile(name)
         lines = (proc.stdout + proc.stderr).strip().splitlines()

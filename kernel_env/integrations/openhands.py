@@ -95,7 +95,7 @@ from kernel_env.evaluators.records import EvalResult, EvalSettings
 from kernel_env.evaluators.report import model_report
 from kernel_env.evaluators.reward import RewardKind, paid_reward
 from kernel_env.resources import skill_file
-from kernel_env.runtime.episode import Episode, Selection, default_device
+from kernel_env.runtime.episode import Episode, Selection
 from kernel_env.runtime.pool import GpuPool, shared_pool
 from kernel_env.sandbox import SandboxError
 from kernel_env.tasks import Task, resolve_task
@@ -142,8 +142,6 @@ class KernelWorkspace(LocalWorkspace):
         this process's shared pool of that kind (default: the shared local pool). Raises what
         ``Episode.open`` raises (EpisodeError, SandboxError, TaskError)."""
         task = task if isinstance(task, Task) else resolve_task(task, kernelbench_root=kernelbench_root)
-        device = device or default_device()
-        language = language or ("cuda" if device == "cuda" else "cpp")
         episode = Episode.open(task, language=language, device=device, sandbox=sandbox,
                                pool=shared_pool(pool) if isinstance(pool, str) else pool, settings=settings)
         return cls.of(episode, max_output_chars=max_output_chars)

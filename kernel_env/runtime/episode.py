@@ -39,7 +39,18 @@ class EpisodeError(RuntimeError):
 
 
 def default_device() -> str:
+    """Where code runs when no device is named: cuda when this process sees a GPU, else cpu."""
     return "cuda" if visible_gpus() else "cpu"
+
+
+def language_and_device(language: str | None = None, device: str | None = None) -> tuple[str, str]:
+    """(language, device) of a run: what is named, the rest following the machine. This is the one
+    rule every entry point uses (``kernel_env.make``, ``Episode.open``, the workloads, the CLI):
+    the device is ``default_device()`` (cuda on a GPU machine, else cpu) and the language the one
+    that device runs natively (cuda on a GPU, cpp on the CPU). Naming either one changes only
+    what it names: ``language="triton"`` alone still runs on the machine's device."""
+    device = device or default_device()
+    return language or ("cuda" if device == "cuda" else "cpp"), device
 
 
 def check_device(language: Language, device: str) -> None:
@@ -94,11 +105,13 @@ class Episode:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def open(cls, task: Task, *, language: str = "cuda", device: str | None = None, sandbox: str = "local",
+    def open(cls, task: Task, *, language: str | None = None, device: str | None = None, sandbox: str = "local",
              pool: GpuPool | None = None, root: str | Path | None = None, settings: EvalSettings | None = None,
              sandbox_options: dict | None = None) -> Episode:
+        """Set up the task's workspace, sandbox and broker. ``language`` and ``device`` default by
+        ``language_and_device`` (the machine's); raises EpisodeError for a pair that cannot run here."""
+        language, device = language_and_device(language, device)
         lang = get_language(language)
-        device = device or default_device()
         check_device(lang, device)
         allow_many_open_files()
         workspace = Workspace.create(task, lang, root=root)
@@ -195,10 +208,11 @@ class Episode:
         self.close()
 
 
-def run_solution(task: Task, solution: str | Path, *, language: str = "cuda", device: str | None = None,
+def run_solution(task: Task, solution: str | Path, *, language: str | None = None, device: str | None = None,
                  sandbox: str = "local", pool: GpuPool | None = None, settings: EvalSettings | None = None,
                  mode: Mode = Mode.FINAL) -> tuple[ExecResult, EvalResult]:
-    """Copy a solution into a fresh workspace, build it in the sandbox, evaluate it: (build, result)."""
+    """Copy a solution into a fresh workspace, build it in the sandbox, evaluate it: (build, result).
+    ``language`` and ``device`` follow the machine unless named (``language_and_device``)."""
     with Episode.open(task, language=language, device=device, sandbox=sandbox, pool=pool, settings=settings) as episode:
         episode.workspace.copy_solution(solution)
         return episode.build_and_evaluate(mode)

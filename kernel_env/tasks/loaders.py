@@ -74,6 +74,8 @@ def load_tasks(spec: str | Path) -> list[Task]:
     if spec_str in ("examples", "example"):
         return [_example_task(p.parent.name) for p in sorted(data_dir("examples").glob("*/task.py"))]
     path = Path(spec).expanduser()
+    if not path.exists():
+        raise TaskError(f"task source {spec_str}: no such file or folder")
     if path.is_file() and path.suffix == ".py":
         return [load_task_file(path)]
     if path.is_file() and path.suffix in RECORD_SUFFIXES:
@@ -94,10 +96,17 @@ def load_tasks(spec: str | Path) -> list[Task]:
 
 
 def resolve_task(spec: str | Path, *, kernelbench_root: str | Path | None = None) -> Task:
-    """One task from a spec: a .py path, ``example/relu_add``, ``kernelbench/L2/12``, or ``FILE.jsonl#ID``."""
+    """One task from a spec: a .py path, ``example/relu_add``, ``kernelbench/L2/12``, or ``FILE.jsonl#ID``.
+
+    A file that exists is read as a file, whatever its path looks like (``examples/relu_add/task.py``
+    is the file ``load_tasks`` reads too), so every path the loaders accept resolves the same task.
+    A path that names nothing says so: ``task nope.py: no such file``."""
     spec_str = str(spec)
+    path = Path(spec_str).expanduser()
+    if path.is_file():
+        return _only_task(spec_str)
     if spec_str.startswith(("example/", "examples/")):
-        return _example_task(spec_str.split("/", 1)[1])
+        return _example_task(spec_str.split("/", 1)[1].removesuffix("/task.py").rstrip("/"))
     match = re.fullmatch(r"kernelbench/L(\d+)/(\w+)", spec_str)
     if match:
         root = kernelbench_root or os.environ.get("KERNEL_ENV_KERNELBENCH")
@@ -114,9 +123,18 @@ def resolve_task(spec: str | Path, *, kernelbench_root: str | Path | None = None
             if wanted in (task.id, task.name):
                 return task
         raise TaskError(f"task {spec_str}: no task with id or name {wanted!r} in {file_part}")
-    tasks = load_tasks(spec_str)
+    if spec_str not in ("examples", "example") and not path.exists():
+        what = "no such file" if path.suffix in (".py", *RECORD_SUFFIXES) else "no such file or folder"
+        raise TaskError(f"task {spec_str}: {what} (a task is example/NAME, a .py file, FILE.jsonl#ID or "
+                        "kernelbench/L<level>/<id>)")
+    return _only_task(spec_str)
+
+
+def _only_task(spec: str) -> Task:
+    """The task of a source that holds exactly one."""
+    tasks = load_tasks(spec)
     if len(tasks) != 1:
-        raise TaskError(f"task {spec_str}: the source holds {len(tasks)} tasks; name one (FILE#ID or kernelbench/L<level>/<id>)")
+        raise TaskError(f"task {spec}: the source holds {len(tasks)} tasks; name one (FILE#ID or kernelbench/L<level>/<id>)")
     return tasks[0]
 
 

@@ -3,7 +3,7 @@
 
 ::
 
-    config = AgentRunConfig(base_url="http://localhost:8000/v1", language="cuda", concurrency=32)
+    config = AgentRunConfig(base_url="http://localhost:8000/v1", concurrency=32)  # language, device: the machine's
     summary = asyncio.run(run_agent_eval(tasks, config, Path("run.jsonl")))
     metrics = compute_metrics(read_records("run.jsonl"))
 
@@ -25,8 +25,9 @@ Failure: a model call that fails (HTTP 5xx, timeout, a dropped connection) is re
 run goes on; any other failure inside an episode is recorded the same way. An episode whose final
 evaluation failed by the evaluator's fault (the environment truncates it, ``info["fault"]``) is
 recorded with ``stop="evaluator_fault"`` and no reward: it says nothing of the model. A server that cannot
-be reached at all ends the run (``ServerUnreachable``), before the first episode or when an
-episode's retries end on a refused connection; finished records stay. Every record is appended
+be reached at all ends the run (``ServerUnreachable``), before the first episode (then nothing is
+written: the run file is made once the server has answered) or when an episode's retries end on
+a refused connection; finished records stay. Every record is appended
 and flushed as its episode ends, and a rerun with the same output skips every task that already
 has a record with a verdict (not "error" nor "evaluator_fault"), so an interrupted or partly
 failed run is resumed by running it again.
@@ -35,6 +36,7 @@ failed run is resumed by running it again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -54,7 +56,7 @@ from kernel_env.runtime.episode import (
     EpisodeError,
     Selection,
     check_device,
-    default_device,
+    language_and_device,
 )
 from kernel_env.runtime.pool import GpuPool
 from kernel_env.tasks import Task
@@ -64,7 +66,7 @@ from kernel_env.workloads.llm import (
     RunError,
     RunSummary,
     ServerUnreachable,
-    choose_model,
+    connect,
     why,
 )
 from kernel_env.workloads.metrics import UNDECIDED_STOPS, EpisodeRecord, RecordError, read_records
@@ -108,7 +110,8 @@ class ModelCallFailed(RuntimeError):
 class AgentRunConfig:
     """How to run: the server and model, the environment, the concurrency.
 
-    ``model`` None takes the server's only model. ``concurrency`` bounds the episodes in flight
+    ``model`` None takes the server's only model. ``language`` and ``device`` None follow the
+    machine (``language_and_device``: cuda on a GPU, cpp on the CPU). ``concurrency`` bounds the episodes in flight
     (each holds a workspace, a sandbox and a conversation). ``model_retries`` extra tries per
     model call, waiting ``retry_delay_s`` × 2^try between them. ``settings`` and ``pool`` go to
     every environment (None: the protocol's defaults, the process's shared local pool)."""
@@ -116,7 +119,7 @@ class AgentRunConfig:
     base_url: str = DEFAULT_BASE_URL
     model: str | None = None
     api_key: str = "EMPTY"
-    language: str = "cuda"
+    language: str | None = None
     device: str | None = None
     sandbox: str = "local"
     max_turns: int = DEFAULT_MAX_TURNS
@@ -150,6 +153,8 @@ class EvalSummary(RunSummary):
 
 #: Called after every episode's record is written: (the record, the summary so far).
 ProgressCallback = Callable[[EpisodeRecord, EvalSummary], None]
+#: Called after every step of an episode: (task id, turn, max turns).
+TurnCallback = Callable[[str, int, int], None]
 
 
 # ============================================================================ the output
@@ -158,21 +163,30 @@ ProgressCallback = Callable[[EpisodeRecord, EvalSummary], None]
 class RunFile:
     """A run's JSONL output: one episode record per line, appended and flushed as episodes end.
 
-    ``open`` reads what is there (raising RecordError for a file that is not a run file) and cuts a
-    torn last line (a record half-written when a run was killed: its episode did not finish)."""
+    ``read`` reads what is there, if anything (raising RecordError for a file that is not a run
+    file), and cuts a torn last line (a record half-written when a run was killed: its episode did
+    not finish); ``create`` makes the file when the run starts, so a run that never started leaves
+    none. The file's mode is the umask's (0644 under the usual 022), as for every output."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.records: list[EpisodeRecord] = []
 
-    def open(self) -> RunFile:
+    def read(self) -> RunFile:
         if self.path.exists():
             self._cut_torn_tail()
             self.records = read_records(self.path)
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.touch()
         return self
+
+    def create(self) -> RunFile:
+        """Make the (empty) file if it is not there yet, and its folder."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.touch()
+        return self
+
+    def open(self) -> RunFile:
+        """``read``, then ``create``."""
+        return self.read().create()
 
     @property
     def done(self) -> set[str]:
@@ -208,22 +222,28 @@ class RunFile:
 
 
 async def run_agent_eval(tasks: Iterable[Task], config: AgentRunConfig, output: str | Path, *,
-                         on_record: ProgressCallback | None = None) -> EvalSummary:
+                         on_record: ProgressCallback | None = None,
+                         on_turn: TurnCallback | None = None) -> EvalSummary:
     """Run one KernelAgent-v0 episode per task (skipping tasks done in ``output``), ``concurrency``
-    at a time; append each record to ``output`` as it ends. Returns the summary.
+    at a time; append each record to ``output`` as it ends. Returns the summary. ``on_turn`` is
+    called after every environment step of every episode: (task id, turn, max turns).
 
     Raises EvalRunError for a configuration that cannot work here (a language the device cannot
-    run, an output that is not a run file), ServerUnreachable when the server does not answer
-    (before the first episode, or when it stops answering: finished records are kept)."""
+    run, an output that is not a run file, a model the server does not serve), ServerUnreachable
+    when the server does not answer (before the first episode: nothing is written; or when it
+    stops answering: finished records are kept). ``summary.base_url`` is the address that
+    answered (``config.base_url`` with ``/v1`` added where it lacked it and needed it)."""
     tasks = list(tasks)
     if config.concurrency < 1:
         raise EvalRunError(f"concurrency must be at least 1, got {config.concurrency}")
     try:
-        check_device(get_language(config.language), config.device or default_device())
+        language, device = language_and_device(config.language, config.device)
+        check_device(get_language(language), device)
     except (EpisodeError, ValueError) as exc:
         raise EvalRunError(str(exc)) from None
+    run_file = RunFile(output)
     try:
-        run_file = RunFile(output).open()
+        run_file.read()
     except RecordError as exc:
         raise EvalRunError(f"{exc}; move it away or pass another --output") from None
     except OSError as exc:
@@ -231,13 +251,20 @@ async def run_agent_eval(tasks: Iterable[Task], config: AgentRunConfig, output: 
     done = run_file.done
     todo = [task for task in tasks if task.id not in done]
     summary = EvalSummary(selected=len(tasks), skipped=len(tasks) - len(todo))
-    client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, timeout=config.request_timeout,
+    # Nothing is written until the server has answered: a run that cannot start leaves no file.
+    server = await asyncio.to_thread(connect, config.base_url, config.model, api_key=config.api_key,
+                                     serve_hint="vllm serve MODEL --enable-auto-tool-choice --tool-call-parser ...")
+    summary.model, summary.base_url = server.model, server.base_url
+    config = dataclasses.replace(config, base_url=server.base_url, model=server.model, language=language, device=device)
+    try:
+        run_file.create()
+    except OSError as exc:
+        raise EvalRunError(f"output {output}: {exc.strerror or exc}") from None
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key=config.api_key, timeout=config.request_timeout,
                                 max_retries=0)
     try:
-        summary.model = await choose_model(client, config.base_url, config.model,
-                                           serve_hint="vllm serve MODEL --enable-auto-tool-choice --tool-call-parser ...")
         if todo:
-            await _Run(config, client, run_file, summary, on_record).run(todo)
+            await _Run(config, client, run_file, summary, on_record, on_turn).run(todo)
     finally:
         await client.close()
     return summary
@@ -247,9 +274,9 @@ class _Run:
     """One run: the episodes in flight, the output, the summary."""
 
     def __init__(self, config: AgentRunConfig, client: openai.AsyncOpenAI, run_file: RunFile, summary: EvalSummary,
-                 on_record: ProgressCallback | None):
+                 on_record: ProgressCallback | None, on_turn: TurnCallback | None = None):
         self.config, self.client, self.run_file, self.summary = config, client, run_file, summary
-        self.on_record = on_record
+        self.on_record, self.on_turn = on_record, on_turn
         self.slots = asyncio.Semaphore(config.concurrency)
 
     async def run(self, todo: list[Task]) -> None:
@@ -264,7 +291,7 @@ class _Run:
 
     async def _slot(self, task: Task) -> None:
         async with self.slots:
-            episode = Conversation(task, self.config, self.client, self.summary.model)
+            episode = Conversation(task, self.config, self.client, self.summary.model, on_turn=self.on_turn)
             record = await episode.run()
         self.run_file.append(record)
         if record.stop == "error":
@@ -288,12 +315,14 @@ class _Run:
 class Conversation:
     """One episode: the conversation between the model and a KernelAgent-v0 environment, ending in a record."""
 
-    def __init__(self, task: Task, config: AgentRunConfig, client: openai.AsyncOpenAI, model: str):
+    def __init__(self, task: Task, config: AgentRunConfig, client: openai.AsyncOpenAI, model: str, *,
+                 on_turn: TurnCallback | None = None):
         self.task, self.config, self.client, self.model = task, config, client, model
+        self.on_turn = on_turn
         self.messages: list[dict[str, Any]] = []
         self.tools: list[dict[str, Any]] = []
         self.info: dict[str, Any] = {}
-        self.device = config.device or default_device()
+        self.language, self.device = language_and_device(config.language, config.device)
         self.reward = 0.0
         self.tool_calls = 0
         self.server_unreachable = False
@@ -303,7 +332,7 @@ class Conversation:
         """Play the episode to its end; never raises but for cancellation (a failure is a record)."""
         env: KernelAgentEnv | None = None
         try:
-            env = KernelAgentEnv(self.task, language=self.config.language, device=self.config.device,
+            env = KernelAgentEnv(self.task, language=self.language, device=self.device,
                                  sandbox=self.config.sandbox, pool=self.config.pool, max_turns=self.config.max_turns,
                                  selection=self.config.selection, settings=self.config.settings)
             stop = await self._play(env)
@@ -334,6 +363,8 @@ class Conversation:
             self.tool_calls += max(1, len(calls))
             observation, reward, terminated, truncated, self.info = await env.astep(calls or (reply.get("content") or ""))
             self.reward += reward
+            if self.on_turn is not None:
+                self.on_turn(self.task.id, self.info.get("turn", 0), self.config.max_turns)
             if calls:
                 self.messages += tool_messages(calls, self.info["tool_results"])
             else:
@@ -376,7 +407,7 @@ class Conversation:
             error = f"the final evaluation failed by the evaluator's fault: {(final or {}).get('error')}"
         return EpisodeRecord(
             task_id=self.task.id, source=self.task.source, level=self.task.level, name=self.task.name,
-            language=self.config.language, device=self.device,
+            language=self.language, device=self.device,
             model=self.model, stop=stop, error=error, final=final,
             final_report=self.info.get("final_report") if final else None,
             reward=self.reward if final is not None and stop != "evaluator_fault" else None, turns=self.info.get("turn", 0),

@@ -21,13 +21,18 @@ new sample joins at the back when one finishes. A model call that fails (HTTP er
 drops its sample from this run without a trace, so a rerun tries it again; so does an evaluation
 that failed by the evaluator's fault (``EvalResult.fault``: a trace must not teach a model from
 feedback that says nothing of its code). A server that cannot be reached at all ends the run
-(``ServerUnreachable``).
+(``ServerUnreachable``). The language follows the machine unless named, as everywhere; the seed's
+traces were Triton's (``<triton>`` answers): ``language="triton"`` gives those.
 
 Durability: every finished trace is appended to a journal beside the output
 (``<output>.journal.jsonl``, flushed and fsynced) before anything else happens, and folded into
 the output's JSON list (rewritten atomically) every ``fold_every`` traces and when the run ends
-or is interrupted. A rerun with the same output folds any journal left by a crash, then skips
-every sample whose ``sample_key`` is already there. This module never deletes a finished trace.
+or is interrupted; the output is made only once the server has answered. A rerun with the same
+output folds any journal left by a crash, then skips every sample whose ``sample_key`` is already
+there. This module never deletes a finished trace.
+
+Why one module of ~500 lines: the queue, the output and the orchestrator are the seed's one loop;
+each is small, and the orchestrator is read against the other two.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import dataclasses
 import json
 import os
 import random
-import tempfile
+import secrets
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -58,7 +63,7 @@ from kernel_env.envs.refine_protocol import (
 )
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.languages import get_language
-from kernel_env.runtime.episode import EpisodeError, check_device, default_device
+from kernel_env.runtime.episode import EpisodeError, check_device, language_and_device
 from kernel_env.runtime.pool import GpuPool, shared_pool
 from kernel_env.sandbox import SandboxError
 from kernel_env.tasks import Task, TaskError, load_jsonl, load_kernelbench, load_tasks
@@ -68,7 +73,7 @@ from kernel_env.workloads.llm import (
     RunError,
     RunSummary,
     ServerUnreachable,
-    choose_model,
+    connect,
     why,
 )
 
@@ -95,23 +100,24 @@ class QueueItem:
     env: KernelRefineEnv | None = field(default=None, repr=False)
 
     @classmethod
-    def for_task(cls, task: Task, language: str = "triton", *, max_turns: int = 1,
+    def for_task(cls, task: Task, language: str | None = None, *, max_turns: int = 1,
                  settings: EvalSettings | None = None) -> QueueItem:
         """The item of a task, its conversation opened with the refine prompt (``settings``: those
         its answers will be evaluated with, which the prompt states)."""
-        return cls(sample_key=task.id, sample=sample_of(task), pytorch_code=task.code,
-                   messages=build_messages(task, language, max_turns=max_turns, settings=settings), task=task)
+        return cls(sample_key=task.id, sample=sample_of(task), pytorch_code=task.code, task=task,
+                   messages=build_messages(task, language_and_device(language)[0], max_turns=max_turns,
+                                           settings=settings))
 
 
 class RefineQueue:
     """A passive FIFO of QueueItems: it keeps the line, counts turns, words feedback and builds
     traces. It calls no model and evaluates nothing; the orchestrator does."""
 
-    def __init__(self, max_turns: int = 4, *, language: str = "triton"):
+    def __init__(self, max_turns: int = 4, *, language: str | None = None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         self.max_turns = max_turns
-        self.language = get_language(language)
+        self.language = get_language(language_and_device(language)[0])
         self.items: deque[QueueItem] = deque()
         self.completed: list[dict[str, Any]] = []
 
@@ -158,9 +164,10 @@ class RefineQueue:
 class TraceStore:
     """The output: a JSON list of traces, and a journal of the traces finished since it was written.
 
-    ``add`` makes a trace durable (journal line, fsync) before it returns; ``fold`` rewrites the
-    JSON list atomically with everything, then drops the journal. Opening folds a journal a
-    crashed run left behind."""
+    ``open`` reads it and folds a crashed run's journal; ``create`` makes the output when a run
+    starts (a run that never started leaves none); ``add`` makes a trace durable (journal line,
+    fsync) before it returns; ``fold`` rewrites the JSON list atomically, then drops the journal.
+    Files get the umask's mode, or keep the mode of the output they replace."""
 
     def __init__(self, path: str | Path, *, fold_every: int = 50):
         self.path = Path(path)
@@ -197,10 +204,13 @@ class TraceStore:
                 if isinstance(trace, dict) and "sample_key" in trace:
                     self.traces[trace["sample_key"]] = trace
                     self._unfolded += 1
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self._unfolded or not self.path.exists():
-            self.fold()
+        self.fold()
         return self
+
+    def create(self) -> None:
+        """The run starts: make the output (an empty list when there is none yet)."""
+        if not self.path.exists():
+            self._write()
 
     @property
     def finished(self) -> set[str]:
@@ -208,6 +218,7 @@ class TraceStore:
 
     def add(self, trace: dict[str, Any]) -> None:
         """Keep a finished trace: on disk (journal, fsynced) before this returns."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.journal.open("a") as handle:
             handle.write(json.dumps(trace, default=str) + "\n")
             handle.flush()
@@ -218,17 +229,28 @@ class TraceStore:
             self.fold()
 
     def fold(self) -> None:
-        """Rewrite the output with every trace (temp file, fsync, rename), then drop the journal."""
-        descriptor, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        """Rewrite the output with every trace, then drop the journal (if a trace came since the last fold)."""
+        if self._unfolded:
+            self._write()
+
+    def _write(self) -> None:
+        """The output, every trace in it, replaced atomically (temp file, fsync, rename); the journal dropped."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mode = self.path.stat().st_mode & 0o777 if self.path.exists() else None
+        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        # os.open's mode goes through the umask, as open()'s does (mkstemp's 0600 would not).
+        handle = os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w")
         try:
-            with os.fdopen(descriptor, "w") as handle:
+            with handle:
+                if mode is not None:
+                    os.fchmod(handle.fileno(), mode)
                 json.dump(list(self.traces.values()), handle, indent=2, default=str)
                 handle.write("\n")
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temp, self.path)
         except BaseException:
-            Path(temp).unlink(missing_ok=True)
+            temp.unlink(missing_ok=True)
             raise
         self.journal.unlink(missing_ok=True)
         self._unfolded = 0
@@ -274,7 +296,8 @@ def _sample(found: list[Task], count: int, seed: int) -> list[Task]:
 class GenerateConfig:
     """How to run: the server, the loop, and where answers are evaluated.
 
-    ``model`` None takes the server's only model. ``max_active`` bounds the samples in the line
+    ``model`` None takes the server's only model; ``language`` and ``device`` None, the machine's
+    (``language_and_device``). ``max_active`` bounds the samples in the line
     at once (default 4 × ``batch_size``). ``settings`` and ``pool`` (a GpuPool, or a kind: "local",
     "ray") go to every KernelRefineEnv."""
 
@@ -285,7 +308,7 @@ class GenerateConfig:
     max_turns: int = 4
     batch_size: int = 10
     max_active: int | None = None
-    language: str = "triton"
+    language: str | None = None
     device: str | None = None
     sandbox: str = "local"
     temperature: float | None = 0.7
@@ -325,24 +348,30 @@ async def generate(tasks: Iterable[Task], config: GenerateConfig, store: TraceSt
                    on_progress: ProgressCallback | None = None) -> GenerateSummary:
     """Run the refine loop over ``tasks`` (skipping those finished in ``store``); returns the summary.
 
-    Raises ServerUnreachable when the server does not answer (before the first sample, or in the
-    middle of the run), GenerateError when samples cannot be set up here (no sandbox, a bad
-    device). On any exit, interruption included, every live workspace is closed and the store folded."""
+    Raises ServerUnreachable when the server does not answer (before the first sample: nothing is
+    written; or in the middle of the run), GenerateError when samples cannot be set up here (no
+    sandbox, a bad device, a model the server does not serve). On any exit, interruption included,
+    every live workspace is closed and the store folded."""
     tasks = list(tasks)
-    language = get_language(config.language)
     try:
-        check_device(language, config.device or default_device())
-    except EpisodeError as exc:
+        language, device = language_and_device(config.language, config.device)
+        check_device(get_language(language), device)
+    except (EpisodeError, ValueError) as exc:
         raise GenerateError(str(exc)) from None
     summary = GenerateSummary(selected=len(tasks))
     todo = deque(task for task in tasks if task.id not in store.finished)
     summary.skipped = len(tasks) - len(todo)
-    client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, timeout=config.request_timeout,
+    server = await asyncio.to_thread(connect, config.base_url, config.model, api_key=config.api_key,
+                                     serve_hint="vllm serve MODEL")
+    summary.model, summary.base_url = server.model, server.base_url
+    config = _with_pool(dataclasses.replace(config, base_url=server.base_url, model=server.model, language=language,
+                                            device=device))
+    store.create()  # the run starts: only now is the output made
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key=config.api_key, timeout=config.request_timeout,
                                 max_retries=2)
     try:
-        summary.model = await choose_model(client, config.base_url, config.model, serve_hint="vllm serve MODEL")
         if todo:
-            await _Run(_with_pool(config), client, store, summary, on_progress).run(todo)
+            await _Run(config, client, store, summary, on_progress).run(todo)
     finally:
         await client.close()
     return summary

@@ -1,7 +1,7 @@
 """What the runs against an OpenAI-compatible model server share (``generate``, ``eval``): the
-default address (``synth --composer llm`` takes it too), checking that the server answers and
-choosing the model to ask, the errors that end a run or fail a model call, and the counts every
-run summary starts with.
+default address (``synth --composer llm`` takes it too), ``connect`` (checking that the server
+answers, fast, and choosing the model to ask), the errors that end a run or fail a model call,
+and the counts every run summary starts with.
 
 This module talks to a server only to list its models; asking for completions, and what a run
 does with them, belong to the workloads.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import httpx
 import openai
 
 #: Where a local vLLM server listens by default: the default of every --base-url.
@@ -31,10 +32,12 @@ class NoChoices(openai.OpenAIError):
 
 @dataclass
 class RunSummary:
-    """What every run counts: the model asked, the tasks selected, and those skipped because the
-    output already had them. Each workload's summary adds how the rest ended."""
+    """What every run counts: the model asked (and the address that answered), the tasks
+    selected, and those skipped because the output already had them. Each workload's summary adds
+    how the rest ended."""
 
     model: str = ""
+    base_url: str = ""
     selected: int = 0
     skipped: int = 0
 
@@ -43,27 +46,75 @@ class RunSummary:
         return self.selected - self.skipped
 
 
-async def choose_model(client: openai.AsyncOpenAI, base_url: str, model: str | None, *, serve_hint: str) -> str:
-    """Check that the server answers; the model to ask (``model``, or the server's only one).
+@dataclass(frozen=True)
+class Server:
+    """A model server that answered: the address it answered at (``/v1`` added where the given
+    one lacked it) and the model to ask."""
 
-    Raises ServerUnreachable when nothing answers at ``base_url`` (the message says how to start
-    a server, ``serve_hint``), RunError when no model is named and the server does not list exactly one."""
-    try:
-        listed = await client.with_options(timeout=15.0, max_retries=0).models.list()
-    except openai.APIConnectionError as exc:
-        raise ServerUnreachable(f"cannot reach the model server at {base_url} ({why(exc)}); start it "
-                                f"(for example `{serve_hint}`) or point --base-url at it") from None
-    except openai.APIStatusError as exc:
-        if model:
-            return model  # a server without /models can still answer chat completions
-        raise RunError(f"the model server at {base_url} did not list its models (HTTP {exc.status_code}); "
-                       f"name the model with --model") from None
+    base_url: str
+    model: str
+
+
+#: Seconds to wait for a connection to the server at the start of a run: a refused one fails at
+#: once, this bounds an address that drops packets.
+CONNECT_TIMEOUT_S = 5.0
+
+
+def connect(base_url: str, model: str | None, *, api_key: str = "EMPTY", serve_hint: str,
+            timeout: float = 15.0) -> Server:
+    """Check that the server answers and choose the model to ask, with one request for its model
+    list (no retries: a refused connection is reported at once). Never imports torch, so a command
+    can call it first.
+
+    A ``base_url`` whose path does not end in ``/v1`` that gets HTTP 404 is tried again with
+    ``/v1`` added (vLLM and SGLang serve there), and the address that answered is returned.
+    ``model`` must be one the server lists (a server that lists none, or has no model list, is
+    taken at its word); without one, the server must list exactly one.
+
+    Raises ServerUnreachable when nothing answers at ``base_url`` (the message says how to start a
+    server, ``serve_hint``); RunError for a model the server does not serve (naming those it
+    does), a refused API key, or no model named where the server does not list exactly one."""
+    candidates = [base_url]
+    if not base_url.rstrip("/").endswith("/v1"):
+        candidates.append(base_url.rstrip("/") + "/v1")
+    for url in candidates:
+        client = openai.OpenAI(base_url=url, api_key=api_key, max_retries=0,
+                               timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S)))
+        try:
+            names = [entry.id for entry in client.models.list().data]
+        except openai.APIConnectionError as exc:
+            raise ServerUnreachable(f"cannot reach the model server at {base_url} ({why(exc)}); start it "
+                                    f"(for example `{serve_hint}`) or point --base-url at it") from None
+        except openai.APIStatusError as exc:
+            if exc.status_code == 404 and url != candidates[-1]:
+                continue  # no /v1 in the address: try it with one
+            if exc.status_code in (401, 403):
+                raise RunError(f"the model server at {url} refused the API key (HTTP {exc.status_code}); pass the "
+                               f"right one with --api-key or $OPENAI_API_KEY") from None
+            if model:
+                return Server(base_url, model)  # a server without a model list can still answer chat completions
+            tried = " or ".join(f"{u.rstrip('/')}/models" for u in candidates[:candidates.index(url) + 1])
+            fix = (f"is the address right? OpenAI-compatible servers (vLLM, SGLang) serve under /v1, as in "
+                   f"{DEFAULT_BASE_URL}; " if exc.status_code == 404 else "")
+            raise RunError(f"the model server at {base_url} did not list its models at {tried} "
+                           f"(HTTP {exc.status_code}); {fix}name the model with --model") from None
+        finally:
+            client.close()
+        return Server(url, _chosen(url, model, names))
+    raise AssertionError("unreachable: the last candidate returns or raises")
+
+
+def _chosen(base_url: str, model: str | None, names: list[str]) -> str:
+    """The model to ask of a server that lists ``names``."""
+    shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
     if model:
+        if names and model not in names:
+            raise RunError(f"the model server at {base_url} does not serve {model!r}; it serves {shown}: "
+                           f"pass one of them to --model")
         return model
-    names = [entry.id for entry in listed.data]
     if len(names) != 1:
         raise RunError(f"the model server at {base_url} serves {len(names)} models"
-                       f"{' (' + ', '.join(names[:10]) + ')' if names else ''}; choose one with --model")
+                       f"{' (' + shown + ')' if names else ''}; choose one with --model")
     return names[0]
 
 

@@ -1,7 +1,8 @@
 """Client side of the evaluation broker (shared by verification.py and profiling.py).
 
 Nothing here evaluates anything: it asks the broker outside the sandbox to snapshot this
-workspace and evaluate it on the trusted GPU pool, then prints the report.
+workspace and evaluate it on the trusted evaluation pool (this task's device: a GPU, or the CPU
+for a cpu task), then prints the report, whose first line names that device.
 """
 
 import json
@@ -15,9 +16,12 @@ def request(op: str) -> int:
     if not os.path.exists(path):
         print(f"The evaluation broker is not reachable ({path} does not exist).\n"
               "utils.verification and utils.profiling work inside a kernel_env sandbox, where they send this\n"
-              "workspace to the trusted GPU pool. Open one with `kernel-env run-task TASK`.", file=sys.stderr)
+              "workspace to the trusted evaluation pool. Open one with `kernel-env run-task TASK`.", file=sys.stderr)
         return 2
-    print(f"Submitting the workspace for {op}; waiting for the GPU pool...", flush=True)
+    # The sandbox does not know the task's device (the report's first line names it), so this
+    # line names none: "the GPU pool" misled every CPU run.
+    print(f"Submitting the workspace for {op} to the trusted evaluator outside this sandbox; waiting for its "
+          "report...", flush=True)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(path)
         conn.sendall(json.dumps({"op": op}).encode() + b"\n")

@@ -21,6 +21,8 @@ What it does, by workspace kind (read from SKILL.md's ``name:``; without one, fr
   removes the module (and build/build_info.json), so no stale build can be verified or
   profiled by mistake. A good one writes build/build_info.json: the sha256 of every source
   it was built from, so a later edit that was never built can be detected.
+  ``model_new.py`` is syntax-checked first: its errors are shown before the build, and a
+  module that built then still ends in BUILD FAILED (ModelNew could not be imported).
 * triton — nothing to build: Triton kernels compile when they first launch. Byte-compiles
   ``model_new.py`` and ``kernels/*.py`` (into a temp dir) to catch syntax errors.
 
@@ -740,7 +742,10 @@ def write_build_info(kind: str, artifact: str, settings: dict) -> None:
     (BUILD / "build_info.json").write_text(json.dumps(info, indent=1))
 
 
-def build_extension(kind: str, only: list[str], start: float) -> int:
+def build_extension(kind: str, only: list[str], start: float, model_ok: bool = True) -> int:
+    """Build (or, with ``only``, compile) the extension; the last line says how it went. With
+    ``model_ok`` False (model_new.py has a syntax error, shown before) a build that worked still
+    ends in BUILD FAILED: ModelNew cannot be imported, so the workspace is not ready."""
     sources, targets = collect_sources(kind, only)
     cuda = find_cuda() if kind == "cuda" else None
     settings = torch_settings()
@@ -758,14 +763,21 @@ def build_extension(kind: str, only: list[str], start: float) -> int:
     if kind == "cuda" and not any(s.suffix == ".cu" for s in sources):
         say("note: no kernels/*.cu; building the C++ files only")
 
+    def done(line: str, what: str) -> int:  # the last line of a build that worked: OK, unless model_new.py is broken
+        if model_ok:
+            say(line)
+            return 0
+        say(f"BUILD FAILED: model_new.py has a syntax error (above); {what} ({elapsed()})")
+        return 1
+
     built_here = [s for s in targets if f"build {object_path(s)}:" in text]  # binding.cpp may be the host's
+    elapsed = lambda: f"{time.monotonic() - start:.1f}s"  # noqa: E731
     if only and not built_here:
-        say(f"COMPILE OK: {', '.join(map(str, targets))} (precompiled by the host; nothing to compile)")
-        return 0
+        return done(f"COMPILE OK: {', '.join(map(str, targets))} (precompiled by the host; nothing to compile)",
+                    "the named sources are the host's")
     rc, steps, ninja_errors = run_ninja(ninja, [object_path(s) for s in built_here] if only else [])
     compiled = [s for s in steps if not s["action"].startswith("LINK")]
     failed = [s for s in steps if s["failed"]]
-    elapsed = lambda: f"{time.monotonic() - start:.1f}s"  # noqa: E731
 
     shown = 0
     for step in steps:
@@ -791,8 +803,8 @@ def build_extension(kind: str, only: list[str], start: float) -> int:
         return 1
     rebuilt = len(compiled)
     if only:
-        say(f"COMPILE OK: {', '.join(map(str, targets))} ({rebuilt} rebuilt, {elapsed()}); not linked: run bash utils/compile.sh to build the module")
-        return 0
+        return done(f"COMPILE OK: {', '.join(map(str, targets))} ({rebuilt} rebuilt, {elapsed()}); not linked: run "
+                    "bash utils/compile.sh to build the module", "the named sources compiled")
     # A module that failed this check was removed, so an unchanged one has passed it before; so
     # has a relinked one that needs no symbol the last module that loaded did not (same libraries).
     if rebuilt or not Path(artifact).exists():
@@ -805,8 +817,8 @@ def build_extension(kind: str, only: list[str], start: float) -> int:
                 return 1
             remember_loaded(needs, text)
     write_build_info(kind, artifact, settings)
-    say(f"BUILD OK: {artifact} ({len(sources)} objects, {rebuilt} rebuilt, {elapsed()})")
-    return 0
+    return done(f"BUILD OK: {artifact} ({len(sources)} objects, {rebuilt} rebuilt, {elapsed()})",
+                f"the module itself built: {artifact}")
 
 
 def main(argv: list[str]) -> int:
@@ -826,14 +838,13 @@ def main(argv: list[str]) -> int:
     try:
         if kind == "triton":
             return check_python_sources()
+        # Shown first, so that the build's last line is the only verdict (never BUILD OK, then FAILED).
         model_errors = syntax_errors([Path("model_new.py")]) if Path("model_new.py").is_file() else []
-        rc = build_extension(kind, only, start)
-        if model_errors:  # the extension may be fine; ModelNew still cannot be imported
+        if model_errors:
+            say(f"---- model_new.py: {len(model_errors)} syntax error(s)")
             for err in model_errors:
                 say(err)
-            say("BUILD FAILED: model_new.py has a syntax error (the module itself built)")
-            return 1
-        return rc
+        return build_extension(kind, only, start, model_ok=not model_errors)
     except BuildError as exc:
         say(f"BUILD FAILED: {exc}{remove_stale() if kind != 'triton' and BUILD.is_dir() else ''}")
         return 1
