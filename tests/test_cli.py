@@ -373,3 +373,21 @@ def test_ctrl_c_reaches_a_waiting_event_loop_whichever_thread_takes_the_signal()
         run_interruptibly(waiting_for_an_answer())
     assert time.monotonic() - started < 5 and cleaned == [True]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_run_with_an_evaluators_fault_ends_with_exit_2_and_names_every_item_left():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from kernel_env.cli.common import end_of_run
+
+    text = StringIO()
+    console = Console(file=text, width=200)
+    code = end_of_run(console, failed={"a": "the model call failed"}, evaluator_faults={"b": "the Ray worker died twice"},
+                      quiet=False, fault_note="the evaluator's fault")
+    assert code == 2
+    assert "a: the model call failed (a rerun tries it again)" in text.getvalue()
+    assert "b: the Ray worker died twice (the evaluator's fault; a rerun tries it again)" in text.getvalue()
+    assert end_of_run(console, failed={"a": "x"}, evaluator_faults={}, quiet=True, fault_note="") == 1
+    assert end_of_run(console, failed={}, evaluator_faults={}, quiet=True, fault_note="") == 0

@@ -100,6 +100,19 @@ class Group(_OnOffFlags, TyperGroup):
 # ----------------------------------------------------------------------------- progress
 
 
+def end_of_run(console: Console, *, failed: dict[str, str], evaluator_faults: dict[str, str], quiet: bool,
+               fault_note: str) -> int:
+    """Name what a long run (eval, generate) left to do, and its exit code: 2 when any evaluation
+    failed by the evaluator's fault (this machine's problem, and nothing a model did), else 1 when
+    some items failed, else 0. Both kinds are retried by a rerun."""
+    if not quiet:
+        for key, why in failed.items():
+            console.print(f"[red]✗[/] {escape(key)}: {escape(why)} (a rerun tries it again)", soft_wrap=True)
+        for key, why in evaluator_faults.items():
+            console.print(f"[red]✗[/] {escape(key)}: {escape(why)} ({fault_note}; a rerun tries it again)", soft_wrap=True)
+    return EXIT_USAGE if evaluator_faults else EXIT_TASK_FAILED if failed else EXIT_OK
+
+
 def progress_bar(*, disable: bool) -> Progress:
     """The progress bar of a long job, on stderr: a description, the bar, done/total and the time taken."""
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

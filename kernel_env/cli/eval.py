@@ -24,9 +24,8 @@ from kernel_env.cli import options
 from kernel_env.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_TASK_FAILED,
-    EXIT_USAGE,
     ObservedPool,
+    end_of_run,
     err,
     fail,
     out,
@@ -101,13 +100,8 @@ def eval_command(
     if not as_json:
         err.print(f"{summary.written} new episode records in {escape(str(output))} ({summary.skipped} tasks were done "
                   f"already); model {escape(summary.model)}")
-        for task_id, why in summary.errors.items():
-            err.print(f"[red]✗[/] {escape(task_id)}: {escape(why)} (a rerun tries it again)", soft_wrap=True)
-        for task_id, why in summary.evaluator_faults.items():
-            err.print(f"[red]✗[/] {escape(task_id)}: {escape(why)} (the evaluator's fault, not the model's: no reward "
-                      "recorded; a rerun tries it again)", soft_wrap=True)
-    # An evaluator's fault is this machine's problem (exit 2), before any episode's failure (exit 1).
-    raise typer.Exit(EXIT_USAGE if summary.evaluator_faults else EXIT_TASK_FAILED if summary.errors else EXIT_OK)
+    raise typer.Exit(end_of_run(err, failed=summary.errors, evaluator_faults=summary.evaluator_faults, quiet=as_json,
+                                fault_note="the evaluator's fault, not the model's: no reward recorded"))
 
 
 _EVALUATIONS = {"verify": "verification", "profile": "profiling", "final": "final evaluation"}  # by job mode

@@ -19,9 +19,7 @@ from rich.markup import escape
 from kernel_env.cli import options
 from kernel_env.cli.common import (
     EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_TASK_FAILED,
-    EXIT_USAGE,
+    end_of_run,
     err,
     fail,
     out,
@@ -125,9 +123,5 @@ def generate(
         out.print(f"{summary.written} new traces in {escape(str(output))} ({summary.success_fast} success_fast, "
                   f"{summary.max_turns_reached} max_turns_reached); {summary.skipped} samples were already there; "
                   f"model {escape(summary.model)}")
-        for key, why in summary.failed.items():
-            out.print(f"[red]✗[/] {escape(key)}: {escape(why)} (a rerun tries it again)", soft_wrap=True)
-        for key, why in summary.evaluator_faults.items():
-            out.print(f"[red]✗[/] {escape(key)}: dropped, an evaluation failed by the evaluator's fault ({escape(why)}); "
-                      "a rerun tries it again", soft_wrap=True)
-    raise typer.Exit(EXIT_USAGE if summary.evaluator_faults else EXIT_TASK_FAILED if summary.failed else EXIT_OK)
+    raise typer.Exit(end_of_run(out, failed=summary.failed, evaluator_faults=summary.evaluator_faults, quiet=as_json,
+                                fault_note="dropped: an evaluation failed by the evaluator's fault"))
