@@ -9,6 +9,7 @@ What an action means, what an observation says and what a step pays belong to ea
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import functools
 from collections.abc import Callable
@@ -59,7 +60,7 @@ async def in_thread(call: Callable[[], T]) -> T:
     return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, call)
 
 
-class EpisodeEnv(gymnasium.Env[str, Any]):
+class EpisodeEnv(gymnasium.Env[str, Any], abc.ABC):
     """An environment whose episode is one ``Episode``: a fresh workspace holding the task, a
     sandbox over it, and a broker that sends its evaluations to the pool.
 
@@ -124,11 +125,11 @@ class EpisodeEnv(gymnasium.Env[str, Any]):
                                     pool=self.pool, settings=self.settings, sandbox_options=self.sandbox_options)
         return self._start()
 
+    @abc.abstractmethod
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Answer one action: (observation, reward, terminated, truncated, info). Never raises for
         anything a model sends (a malformed action is answered as text and counts as a turn);
         after the episode ended, answers ``ENDED`` with reward 0."""
-        raise NotImplementedError
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """``reset`` on a step thread, so that one event loop drives many episodes."""
@@ -144,9 +145,9 @@ class EpisodeEnv(gymnasium.Env[str, Any]):
 
     # ------------------------------------------------------------------ for subclasses
 
+    @abc.abstractmethod
     def _start(self) -> tuple[str, dict[str, Any]]:
         """The first observation and info of the episode ``reset`` just opened (``self.episode``)."""
-        raise NotImplementedError
 
     def _reset_state(self) -> None:
         """Forget the previous episode's turns; a subclass extends this with what it counts."""
