@@ -340,6 +340,7 @@ def test_cpp_build_error_then_fused_kernel_reaches_success_fast():
         feedback, reward, terminated, truncated, info = env.step(
             _cpp_answer(broken, extra='<file path="kernels/scratch.h">\n#pragma once\n</file>\n'))
         assert info["result"]["status"] == "error" and info["result"]["compiled"] is False, info["result"]
+        assert info["result"]["fault"] == "candidate" and info["evaluation"]["fault"] == "candidate"  # its own build
         assert feedback.startswith("Compilation/runtime error:") and "kernels/relu_add_chain.cpp:" in feedback, feedback
         assert (reward, terminated, truncated) == (0.0, False, False)
 

@@ -154,7 +154,7 @@ class Episode:
             return build, self.evaluate(mode)
         why = "timed out" if build.timed_out else f"exit code {build.exit_code}"
         return build, EvalResult(job_id="build", task_id=self.task.id, language=self.language.name, device=self.device,
-                                 mode=mode, compiled=False, reward=-1.0,
+                                 mode=mode, compiled=False, reward=-1.0, fault="candidate",
                                  error=f"`{COMPILE_COMMAND}` failed ({why}):\n{build.output[-4000:]}")
 
     def final_evaluation(self, selection: Selection = "best") -> EvalResult:
@@ -180,13 +180,14 @@ class Episode:
         return final
 
     def _final_evaluation(self) -> EvalResult:
-        """A clean rebuild evaluated in Mode.FINAL; once more if the evaluator failed (a worker
-        lost, a child that could not start): an evaluator's fault says nothing of the solution."""
+        """A clean rebuild evaluated in Mode.FINAL; the same build evaluated once more if the
+        evaluator failed (a worker lost, a child that could not start): an evaluator's fault says
+        nothing of the solution, and nothing of the agent's runs since the restart to touch the build."""
         _, result = self.build_and_evaluate(Mode.FINAL, clean=True)
         if result.fault == "evaluator":
             log.warning("final evaluation of %s failed by the evaluator's fault (%s); evaluating it again",
                         self.task.id, result.error)
-            _, result = self.build_and_evaluate(Mode.FINAL, clean=True)
+            result = self.evaluate(Mode.FINAL)
         return result
 
     def _restore(self, sources: dict[str, bytes]) -> None:
