@@ -121,9 +121,9 @@ class EvalResult(BaseModel):
     #: may decide it the other way. The milestone stays what the numbers say (reward.close_calls).
     close_calls: list[str] = Field(default_factory=list)
     # What the verdict was judged with (the job's settings), so every report states the real numbers.
-    atol: float = 1e-2
-    rtol: float = 1e-2
-    speedup_margin: float = 0.05
+    atol: float = EvalSettings.model_fields["atol"].default
+    rtol: float = EvalSettings.model_fields["rtol"].default
+    speedup_margin: float = EvalSettings.model_fields["speedup_margin"].default
 
     @property
     def runtime_ms(self) -> float | None:
