@@ -9,8 +9,9 @@ def _ms(value: float | None) -> str:
     return "n/a" if value is None else (f"{value * 1e3:.1f} us" if value < 1 else f"{value:.3f} ms")
 
 
-def _x(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
+def speedup_text(value: float | None) -> str:
+    """A speed-up as people read it: two decimals, two significant digits below 0.1x (0.0021x, not 0.00x)."""
+    return "n/a" if value is None else f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
 
 
 def _tolerance(result: EvalResult) -> str:
@@ -58,7 +59,7 @@ def model_report(result: EvalResult) -> str:
         lines.append(f"correctness: {'PASS' if result.correct else 'FAIL'} ({sum(t.correct for t in result.trials)}/{len(result.trials)} trials, {_tolerance(result)})")
     if result.runtime or result.eager:
         lines.append(f"time: ModelNew {_ms(result.runtime_ms)} | eager {_ms(result.eager_ms)} | torch.compile {_ms(result.compile_ms)}  (median per call)")
-        lines.append(f"speed-up: {_x(result.speedup_vs_eager)} vs eager, {_x(result.speedup_vs_compile)} vs torch.compile")
+        lines.append(f"speed-up: {speedup_text(result.speedup_vs_eager)} vs eager, {speedup_text(result.speedup_vs_compile)} vs torch.compile")
     lines.append(f"milestone: {milestone_text(result)}")
     if result.close_calls:
         baselines = " and ".join("torch.compile" if name == "compile" else name for name in result.close_calls)

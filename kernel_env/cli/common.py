@@ -29,6 +29,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Column, Table
 from typer.core import TyperCommand, TyperGroup
 
+from kernel_env.evaluators.report import speedup_text
+
 EXIT_OK, EXIT_TASK_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # what a shell reports for Ctrl-C: resumable runs end with it
 
@@ -202,7 +204,8 @@ class Phases:
 
 class ObservedPool:
     """A GpuPool that tells ``on_job`` of each job before ``pool`` runs it: how the CLI learns that
-    an evaluation begins (the build before it is over). Closing it closes ``pool``."""
+    an evaluation begins (the build before it is over). The pool is borrowed (the process's shared
+    one): closing the observer leaves it running."""
 
     def __init__(self, pool, on_job: Callable[[Any], None]):
         self.pool, self.on_job = pool, on_job
@@ -212,7 +215,7 @@ class ObservedPool:
         return self.pool.submit(job)
 
     def close(self) -> None:
-        self.pool.close()
+        pass
 
 
 # ----------------------------------------------------------------------------- results
@@ -223,8 +226,8 @@ def render_result_table(result) -> None:
     def ms(value: float | None) -> str:
         return "—" if value is None else f"{value:.4f}"
 
-    def x(value: float | None) -> str:  # two significant digits below 0.1x: 0.0021x, not 0.00x
-        return "—" if value is None else f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
+    def x(value: float | None) -> str:
+        return "—" if value is None else speedup_text(value)
 
     table = Table(title=f"{escape(result.task_id)} ({result.language}, {escape(result.device_name or result.device)})",
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
