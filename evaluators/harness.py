@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import statistics
@@ -486,7 +487,11 @@ _SERVER_END_GRACE_S = 1.0
 def _lost_with_its_server(child: Child) -> Fault | None:
     """"evaluator" when a child died because its fork server did (killed, out of host memory):
     the end of the server's pid namespace takes every child with it, and nothing in a child's
-    namespaces can reach the server. None leaves the verdict to ``fail``'s rule."""
+    namespaces can reach the server. None leaves the verdict to ``fail``'s rule. Only a child that
+    was killed outright (SIGKILL, as the end of a namespace kills) is looked into: a crash or an
+    exit of its own costs the job no wait."""
+    if child.proc.poll() != -signal.SIGKILL:
+        return None
     return "evaluator" if child.zygote.ended_within(_SERVER_END_GRACE_S) else None
 
 
