@@ -134,7 +134,8 @@ def _loopback_up() -> None:
 def _interpreter_under_tmp() -> list[str]:
     """The interpreter's folders (its prefixes and import path) that lie under /tmp, outermost
     only: a child's private /tmp would hide them, and torch imports some modules only when
-    first used (``torch.save`` imports ``torch.utils.serialization``)."""
+    first used (``torch.save`` imports ``torch.utils.serialization``). The host side's view of the
+    same folders is ``kernel_env.sandbox.bwrap.python_prefixes``, which this folder cannot import."""
     folders = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path) if p}
     under = sorted(p for p in folders if p.startswith("/tmp/") and os.path.isdir(p))
     return [p for p in under if not any(p.startswith(outer + "/") for outer in under)]
