@@ -191,7 +191,8 @@ class _Evaluation:
         self.timed = job.mode in (Mode.PROFILE, Mode.FINAL)
         self.gpu = device.startswith("cuda")
         self.env = {"CUDA_VISIBLE_DEVICES": device.split(":")[1] if self.gpu else ""}
-        if not self.gpu and self.language.name == "triton":
+        self.interpreted = not self.gpu and self.language.name == "triton"
+        if self.interpreted:
             self.env["TRITON_INTERPRET"] = "1"
         self.child_device = "cuda:0" if self.gpu else "cpu"
         self.warm = warm_children(self.gpu)
@@ -199,16 +200,18 @@ class _Evaluation:
         self.candidate_exposed = False
 
     @contextlib.contextmanager
-    def step(self, name: str, *, share: str | None = "untimed", record: bool = True):
+    def step(self, name: str, *, share: str | None = "untimed", record: bool = True, drain: bool = False):
         """Run the block as one step of the job: under the device's lease (``share``: "untimed",
-        "timing", or None for a step that leaves the device alone), its wall time added to
-        ``result.steps_s[name]`` and the wait for the lease to ``steps_s["waiting for the device"]``
-        (unless ``record`` is False: the result may have been handed over already)."""
+        "timing", or None for a step that leaves the device alone; ``drain``: see
+        ``DeviceLease.timing``), its wall time added to ``result.steps_s[name]`` and the wait for
+        the lease to ``steps_s["waiting for the device"]`` (unless ``record`` is False: the result
+        may have been handed over already)."""
         steps = self.result.steps_s if record else {}
         asked = time.monotonic()
         with contextlib.ExitStack() as held:
             if self.lease is not None and share is not None:
-                held.enter_context(self.lease.timing(own=self.children) if share == "timing" else self.lease.untimed())
+                held.enter_context(self.lease.timing(own=self.children, drain=drain) if share == "timing"
+                                   else self.lease.untimed())
             if share == "timing":  # the spares' imports off the processor while it times (shared device or not)
                 held.enter_context(_SPARES.paused())
             started = time.monotonic()
@@ -306,10 +309,12 @@ class _Evaluation:
             return cached
         timings = []
         for target in ("eager", "compile") if self.s.compile_baseline else ("eager",):
-            answer = self._ask(child, "ref_time", f"timing the reference ({target})", share="timing", target=target,
-                               **_streamed(_seeds(self.s.timed_calls)), warmup_seeds=_seeds(self.s.warmup_calls),
-                               flush_bytes=self._flush_bytes(), launch_cover_us=self.s.launch_cover_us, fp_seed=0,
-                               timeout=self.s.job_timeout_s)
+            answer, _ = self.timing_step(child, "reference: ref_time", lambda target=target: child.call(
+                "ref_time", self.s.job_timeout_s, yields=False, target=target, **_streamed(_seeds(self.s.timed_calls)),
+                warmup_seeds=_seeds(self.s.warmup_calls), flush_bytes=self._flush_bytes(),
+                launch_cover_us=self.s.launch_cover_us, fp_seed=0))
+            if not answer.get("ok"):
+                self.fail(f"timing the reference ({target}) failed: {answer.get('error')}", log=child.log_tail())
             timings.append(_timing(answer["times_ms"]))
         eager, compiled = timings[0], (timings[1] if len(timings) > 1 else None)
         self.baselines.put(key, eager, compiled)
@@ -334,7 +339,8 @@ class _Evaluation:
             self._ask(child, "setup", "starting the candidate process", device=self.child_device,
                       out_dir=child.path("/job/cand"), task_code=self.job.task_code, pid_namespace=child.isolated)
             cand_dir = child.path("/job/cand")
-            loaded = self._ask(child, "cand_load", "loading ModelNew", snapshot=child.path("/job/snapshot"), language=self.language.name,
+            loaded = self._ask(child, "cand_load", "loading ModelNew", timeout=self.bound("reference: setup", "reference: ref_init"),
+                               snapshot=child.path("/job/snapshot"), language=self.language.name,
                                init_inputs=f"{cand_dir}/init_inputs.pt", state_dict=f"{cand_dir}/state_dict.pt", init_seed=init_seed,
                                launch_cover_us=s.launch_cover_us)
             if loaded.get("error"):
@@ -344,7 +350,7 @@ class _Evaluation:
                            "host's clock on this worker (docs/design.md, Known limits)")
             if loaded["shape_mismatch"]:
                 result.violations.append(f"weights with the reference's names but other shapes: {', '.join(loaded['shape_mismatch'][:5])}")
-            trials = self._ask(child, "cand_trials", "running ModelNew", seeds=trial_seeds)
+            trials = self._ask(child, "cand_trials", "running ModelNew", timeout=self.bound("reference: ref_trials"), seeds=trial_seeds)
             if trials.get("error"):
                 self.fail(trials["error"], log=child.log_tail())
             self.check_trials(reference["trials"], trials["trials"])
@@ -433,14 +439,19 @@ class _Evaluation:
 
     def time_candidate(self, child: Child, timed_seeds, checked, fp_seed, ref_prints) -> None:
         s, result = self.s, self.result
-        warm = self._ask(child, "cand_warmup", "warming up ModelNew", seeds=_seeds(s.warmup_calls), timeout=s.job_timeout_s)
+        per_trial = self.result.steps_s.get("reference: ref_trials", 0.0) / max(1, s.trials)
+        warm = self._ask(child, "cand_warmup", "warming up ModelNew", seeds=_seeds(s.warmup_calls),
+                         timeout=self.bound(per_trial * s.warmup_calls, cap=s.job_timeout_s))
         if warm.get("error"):
             self.fail(warm["error"], log=child.log_tail())
         audit_at = sorted(secrets.SystemRandom().sample(range(len(timed_seeds)), min(s.audited_timed_calls, len(timed_seeds))))
-        with self.step("candidate: cand_time", share="timing"):
-            answer, marks = child.call("cand_time", s.job_timeout_s, **_streamed(timed_seeds), warmup_seeds=[],
-                                      flush_bytes=self._flush_bytes(), launch_cover_us=s.launch_cover_us, fp_seed=fp_seed,
-                                      audit_at=audit_at)
+        per_call = self.result.steps_s.get("candidate: cand_warmup", 0.0) / max(1, s.warmup_calls)
+        calls = len(timed_seeds) + len(audit_at)
+        waited_before = _run_delay_ms(child.proc.pid)
+        answer, marks = self.timing_step(child, "candidate: cand_time", lambda: child.call(
+            "cand_time", self.bound(per_call * calls, cap=s.job_timeout_s, floor=s.timing_floor_s), yields=False,
+            **_streamed(timed_seeds), warmup_seeds=[], flush_bytes=self._flush_bytes(), launch_cover_us=s.launch_cover_us,
+            fp_seed=fp_seed, audit_at=audit_at))
         if not answer.get("ok") or answer.get("error"):
             self.fail(answer.get("error") or "timing failed", log=child.log_tail())
         times, prints = answer["times_ms"], answer["fingerprints"]
@@ -466,15 +477,45 @@ class _Evaluation:
                 result.correct = False
                 return
         result.runtime = _timing(times)
-        problem = _clock_mismatch(times, marks)
+        waited_after = _run_delay_ms(child.proc.pid)
+        waited = (waited_after - waited_before) if waited_before is not None and waited_after is not None else 0.0
+        problem = _clock_mismatch(times, marks, waited_ms=waited)
         if problem:
             result.violations.append(problem)
             result.correct = False
 
+    def timing_step(self, child: Child, name: str, run: Callable[[], tuple]) -> tuple:
+        """``run()``, a timing run, as the step ``name`` under the device's lease. On a shared GPU
+        the device is probed first (``timing.other_work_ms``): a kernel that another job's step
+        launched before the lease froze it may still run there (sharing.py). Then the run waits
+        until every untimed step has ended (``drain``) and is made without the probe."""
+        probe = self.lease is not None and self.gpu
+        for drain in (False, True):
+            with self.step(name, share="timing", drain=drain):
+                if probe and not drain:
+                    busy = child.call("device_probe", self.s.step_timeout_s, yields=False)[0].get("busy_ms")
+                    if busy:
+                        self.result.steps_s["device busy with another job's kernel"] = busy
+                        continue
+                return run()
+        raise AssertionError("unreachable: the drained attempt always runs")
+
+    def bound(self, *work: str | float, cap: float | None = None, floor: float | None = None) -> float:
+        """The deadline of a candidate's step: a floor plus ``step_multiple`` times what the same
+        work took (``work``: seconds, or the names of the reference's steps that did it), at most
+        ``cap`` (``step_timeout_s``). A bad sample costs its slot this long, not the cap. Triton's
+        interpreter (on the CPU) gets the cap: its pace bears no relation to the reference's."""
+        s = self.s
+        cap = s.step_timeout_s if cap is None else cap
+        if self.interpreted:
+            return cap
+        seconds = sum(self.result.steps_s.get(w, 0.0) if isinstance(w, str) else w for w in work)
+        return min(cap, (s.step_floor_s if floor is None else floor) + s.step_multiple * seconds)
+
     def _ask(self, child: Child, cmd: str, doing: str, timeout: float | None = None, share: str = "untimed",
              **payload) -> dict:
         with self.step(f"{child.role}: {cmd}", share=share):
-            answer, _ = child.call(cmd, timeout or self.s.step_timeout_s, **payload)
+            answer, _ = child.call(cmd, timeout or self.s.step_timeout_s, yields=share != "timing", **payload)
         if not answer.get("ok"):
             self.fail(f"{doing} failed: {answer.get('error')}", log=child.log_tail())
         return answer
@@ -528,7 +569,18 @@ def _open_untrusted(path: Path, limit: int):
         yield handle
 
 
-def _clock_mismatch(times: list[float], marks: list[tuple[str, int, float]]) -> str | None:
+def _run_delay_ms(pid: int) -> float | None:
+    """How long the process's main thread (the one that makes the timed calls) has waited, runnable,
+    for a processor so far: the kernel's own count (/proc/PID/schedstat, as the host sees it,
+    beyond the candidate's reach). None where the kernel keeps no such count."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as handle:
+            return int(handle.read().split()[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _clock_mismatch(times: list[float], marks: list[tuple[str, int, float]], waited_ms: float = 0.0) -> str | None:
     """Compare what the candidate's process measured with what the kernel's clock saw.
 
     The child announces each timed call just before its start mark and just after its end
@@ -536,6 +588,12 @@ def _clock_mismatch(times: list[float], marks: list[tuple[str, int, float]]) -> 
     call from outside the candidate's reach, whenever this process gets round to reading them.
     A call cannot take less wall time than its marks claim, so claimed times far below the
     bracketed ones mean a patched timer or work hidden from the marks.
+
+    ``waited_ms``: how long the calling thread waited, runnable, for a processor over the whole
+    run (``_run_delay_ms``). On a busy host a child can lose its processor between an
+    announcement and its mark, in most calls of a run: on a loaded 2-core machine an honest
+    0.1 ms kernel showed 4.6 ms gaps in 4 of 5 calls. A gap the waits can account for in full
+    proves nothing, so only the part of the gaps beyond the waits counts.
     """
     starts = {k: t for kind, k, t in marks if kind == "start"}
     ends = {k: t for kind, k, t in marks if kind == "end"}
@@ -548,7 +606,8 @@ def _clock_mismatch(times: list[float], marks: list[tuple[str, int, float]]) -> 
     excess = sorted((ends[k] - starts[k]) * 1e3 - times[k] for k in expected)
     claimed = sorted(times)
     low_excess, median_claimed = excess[len(excess) // 4], claimed[len(claimed) // 2]
-    if low_excess > _WALL_SLACK_RATIO * median_claimed + _WALL_SLACK_MS:
+    slack = _WALL_SLACK_RATIO * median_claimed + _WALL_SLACK_MS
+    if low_excess > slack and sum(max(0.0, e - slack) for e in excess) > waited_ms:
         return (f"timing does not add up: a timed call claims {median_claimed:.3f} ms (median) but an independent "
                 f"clock saw at least {median_claimed + low_excess:.3f} ms for most calls (patched timer or hidden work?)")
     return None

@@ -33,6 +33,11 @@ class EvalSettings(BaseModel):
     launch_cover_us: float = 500.0        # CUDA: the device is kept full this long while each timed call is launched (timing.py)
     job_timeout_s: float = 600.0          # bound on a timing run (baselines: torch.compile's first call is slow)
     step_timeout_s: float = 300.0         # bound on every other step (import, trials): an endless loop ends here
+    # A candidate's steps end sooner: each within a floor plus a multiple of what the same work took the
+    # reference (its timing run: of what its own warm-up took), never past the bounds above (harness.py).
+    step_floor_s: float = 60.0            # loading ModelNew, its trials, its warm-up (Triton compiles on a first call)
+    timing_floor_s: float = 10.0          # its timing run, which has the device to itself (everything is compiled by then)
+    step_multiple: float = 20.0
     compile_baseline: bool = True
     speedup_margin: float = 0.05           # "more than 5 % faster"
 

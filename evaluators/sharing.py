@@ -1,19 +1,36 @@
-"""How evaluation jobs share one GPU: their untimed steps together, a timing run alone.
+"""How evaluation jobs share one device: their untimed steps together, a timing run alone.
 
 A job spends seconds on work that measures nothing (children starting, the task and ModelNew
 loading, the correctness trials, the parent comparing their outputs) and a fraction of a second
 timing. Timing must have the device to itself, so the local pool used to run one whole job per
-GPU at a time, and the GPU sat idle through everything else. With a ``DeviceLease`` several jobs
-run on one GPU at once: any number of untimed steps together, and a timing run (the baselines',
-the candidate's) alone. A timing run waits until every untimed step in flight has ended, and no
-new one starts until it is over (timing runs go first, so they are never starved).
+device at a time, and the device sat idle through everything else. With a ``DeviceLease``
+several jobs run on one device at once: any number of untimed steps together, and a timing run
+(the baselines', the candidate's) alone, with the children of every other job on the device
+frozen through their cgroups, or stopped through their pid namespaces (``Freezable``).
+
+A timing run first waits for the untimed steps in flight to end, and no new one starts meanwhile
+(timing runs go first, so they are never starved). It waits for each step until that step has
+run ``grace_s`` in all: most steps end well within that. One still running then (a candidate
+that hangs in ``forward``, or sleeps, or just runs long) is frozen where it stands, with the
+other jobs' children, and runs on once the timing run is over: one bad sample never holds
+another job's timing hostage for longer than the grace, and a step that has hung for a while
+already holds it up not at all. The frozen step's own deadline does not count the time it spent
+frozen (``children.Child``). Only where a child cannot be frozen (no isolation on this host)
+does the timing run wait for every step to end.
+
+Frozen mid-step on a GPU, a process launches nothing more, but a kernel it already launched
+runs on to its end: the grace lets short steps end cleanly. A kernel that runs on (one that
+never ends, say) would share the device with the timing, the GPU switching between the two
+processes: beside a spinning kernel, an honest 0.02 ms call took 2.7 ms of wall time and was
+judged a patched timer. So on a shared GPU the harness first probes the device (a tiny kernel
+waits for another process's time slice) and, when it is busy, times again with ``drain``: once
+every untimed step has ended, a kernel that never ends with its job, at that job's deadline
+(harness.py, ``_Evaluation.timing_step``).
 
 Between its steps a job's children are idle: each command ends with the device synchronised
 (``runner.py``), so nothing a finished step launched is still running when a timing run starts.
 A child that broke that protocol (a thread of its own, launching on) would slow another job's
-timing, so while a run times, the children of every other job on the device are frozen through
-their cgroups where this host lets us freeze them (and the thread is a violation of its own job
-either way).
+timing, so it is frozen like the rest (and the thread is a violation of its own job either way).
 
 This module never starts a process and never touches a device: it only decides who may.
 """
@@ -29,7 +46,8 @@ from typing import Protocol
 
 class Freezable(Protocol):
     def freeze(self) -> bool:
-        """Stop every process of the child; True once they are stopped (False: not possible here)."""
+        """Stop every process of the child; True once none runs (stopped, or the child has ended),
+        False where that is not possible here."""
 
     def thaw(self) -> None:
         """Let a frozen child's processes run again."""
@@ -40,14 +58,19 @@ class DeviceLease:
 
     ``register``/``unregister`` keep the live children of every job on the device, so a timing
     run can freeze the others' (``timing(own=...)`` leaves the caller's own children alone).
-    ``account()`` says how long the lease has spent in each of its states."""
+    ``account()`` says how long the lease has spent in each of its states, and ``stragglers``
+    how many untimed steps a timing run has frozen mid-step (their grace ran out)."""
 
     STATES = ("timing", "draining", "untimed", "idle")
 
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float = 1.0) -> None:
+        self.grace_s = grace_s
+        self.stragglers = 0
         self._cv = threading.Condition()
         self._untimed = 0
-        self._timing = False
+        self._started: dict[int, float] = {}  # each untimed step in flight: when it began
+        self._timing = False  # a timing run has the device (it may still be draining untimed steps)
+        self._measuring = False  # ... and is measuring
         self._waiting = 0
         self._children: list[Freezable] = []
         self._seconds = dict.fromkeys(self.STATES, 0.0)
@@ -58,7 +81,7 @@ class DeviceLease:
         before a change): "timing" (a timing run holds the device), "draining" (a timing run waits
         for untimed steps to end, and no new one starts), "untimed" (untimed steps only), "idle"."""
         now = time.monotonic()
-        state = ("timing" if self._timing else "draining" if self._waiting and self._untimed
+        state = ("timing" if self._measuring else "draining" if self._waiting and self._untimed
                  else "untimed" if self._untimed else "idle")
         self._seconds[state] += now - self._since
         self._since = now
@@ -72,42 +95,72 @@ class DeviceLease:
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
         """A step that measures nothing: it runs beside other jobs' untimed steps, never beside a timing run."""
+        token = object()
         with self._cv:
             self._cv.wait_for(lambda: not self._timing and not self._waiting)
             self._tick()
             self._untimed += 1
+            self._started[id(token)] = time.monotonic()
         try:
             yield
         finally:
             with self._cv:
                 self._tick()
                 self._untimed -= 1
+                del self._started[id(token)]
                 self._cv.notify_all()
 
+    def _wait_for_young_steps(self) -> bool:
+        """Wait (under the lock) until every untimed step in flight has ended or has run
+        ``grace_s`` in all; True when none is left."""
+        while self._started:
+            youngest = max(self._started.values())
+            left = self.grace_s - (time.monotonic() - youngest)
+            if left <= 0:
+                return False
+            self._cv.wait(timeout=left)
+        return True
+
     @contextlib.contextmanager
-    def timing(self, own: Iterable[Freezable] = ()) -> Iterator[None]:
-        """A timing run: the device to itself, every other job's children frozen where possible."""
-        mine = list(own)
+    def timing(self, own: Iterable[Freezable] = (), drain: bool = False) -> Iterator[None]:
+        """A timing run: the device to itself, every other job's children frozen where possible.
+
+        Untimed steps that have run ``grace_s`` in all are frozen mid-step, unless one of the
+        children cannot be frozen, or ``drain``: then the run waits for them to end."""
+        mine, claimed = list(own), False
         with self._cv:
             self._tick()
             self._waiting += 1
             try:
-                self._cv.wait_for(lambda: not self._timing and self._untimed == 0)
+                self._cv.wait_for(lambda: not self._timing)
+                self._timing = claimed = True  # no other timing run from here; untimed steps in flight may still end
+                drained = self._cv.wait_for(lambda: self._untimed == 0) if drain else self._wait_for_young_steps()
+                others = [child for child in self._children if not any(child is m for m in mine)]
+                frozen = [child for child in others if child.freeze()]
+                if not drained and len(frozen) < len(others):  # one cannot be frozen: it must end of itself
+                    for child in frozen:
+                        child.thaw()
+                    self._cv.wait_for(lambda: self._untimed == 0)
+                    frozen = [child for child in others if child.freeze()]
+                elif not drained:
+                    self.stragglers += self._untimed
+            except BaseException:
+                if claimed:
+                    self._timing = False
+                    self._cv.notify_all()
+                raise
             finally:
                 self._tick()
                 self._waiting -= 1
-            self._timing = True
-            others = [child for child in self._children if not any(child is m for m in mine)]
-        frozen = []
+                self._measuring = claimed
         try:
-            frozen = [child for child in others if child.freeze()]
             yield
         finally:
             for child in frozen:
                 child.thaw()
             with self._cv:
                 self._tick()
-                self._timing = False
+                self._timing = self._measuring = False
                 self._cv.notify_all()
 
     def register(self, child: Freezable) -> None:

@@ -147,7 +147,8 @@ def test_eval_solves_the_cpp_example_and_report_rebuilds_its_tables(tmp_path):
     assert record.reward == milestone_reward(True, final["runtime_ms"], final["eager_ms"], None, SETTINGS.speedup_margin)
     assert "FINAL EVALUATION" in record.final_report
     build, solution = reference["result"]
-    assert build.ok and solution.correct and solution.reward == record.reward
+    assert build.ok, build.output
+    assert solution.correct and solution.reward == record.reward, (solution.error, solution.violations, solution.log_tail)
 
     # The metrics of the run, and the same tables again from the file.
     overall = compute_metrics([record]).overall

@@ -1165,7 +1165,7 @@ def test_the_pool_answers_a_job_before_its_processes_are_ended_and_ends_them_bef
         events.append("ended")
 
     monkeypatch.setattr(children.Child, "discard", slow_discard)
-    pool = LocalPool(["cpu"], baselines=jobs.baselines)
+    pool = LocalPool(["cpu"], jobs_per_cpu=1, baselines=jobs.baselines)  # one worker: its next job follows
     try:
         snapshot = jobs.snapshot("triton", "honest")
         first = pool.submit(make_job(snapshot, "triton", Mode.VERIFY))

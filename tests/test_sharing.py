@@ -120,22 +120,104 @@ def test_a_timing_run_freezes_the_other_jobs_children_and_thaws_them_after():
         assert not theirs.frozen
 
 
-def test_a_frozen_child_answers_only_once_thawed():
+def test_a_frozen_child_answers_only_once_thawed_and_its_deadline_does_not_count_the_time_frozen():
     child = Child.spawn("reference", env={}, gpu=False, label="test-freeze")
     try:
         child.call("setup", 120, device="cpu", out_dir=child.path("/job/ref"),
                    task_code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10"))
         if not child.freeze():
             pytest.skip("nothing here can stop a child: no freezable cgroup and no pid namespace (bubblewrap)")
-        answered = threading.Event()
-        worker = threading.Thread(target=lambda: (child.call("ref_init", 60, init_seed=1), answered.set()))
+        answered, raised = threading.Event(), []
+
+        def ask() -> None:
+            try:
+                child.call("ref_init", 3.0, init_seed=1)  # a deadline shorter than the time it is held frozen
+                answered.set()
+            except Exception as exc:  # noqa: BLE001 - the test says what it was
+                raised.append(exc)
+
+        worker = threading.Thread(target=ask)
         worker.start()
-        assert not answered.wait(1.0), "a frozen child answered"
+        assert not answered.wait(4.0), "a frozen child answered"
+        assert not raised, raised
         child.thaw()
-        assert answered.wait(60), "the thawed child did not answer"
+        assert answered.wait(60), f"the thawed child did not answer: {raised}"
+        assert child.frozen_s() >= 4.0
         worker.join(5)
     finally:
         child.discard()
+
+
+def test_an_untimed_step_that_outlasts_the_grace_is_frozen_for_the_timing_run():
+    """A hung step (here: 3 s) holds a timing run up for the lease's grace only; it is frozen
+    meanwhile and thawed after, and a new untimed step waits for the run as before."""
+    lease = DeviceLease(grace_s=0.2)
+    straggler, mine, order = _Child(), _Child(), []
+    lease.register(straggler)
+    entered = threading.Event()
+
+    def hang() -> None:
+        with lease.untimed():
+            entered.set()
+            time.sleep(3.0)
+
+    hung = threading.Thread(target=hang)
+    hung.start()
+    assert entered.wait(5)
+    asked = time.monotonic()
+    with lease.timing(own=[mine]):
+        waited = time.monotonic() - asked
+        assert straggler.frozen and not mine.frozen
+        later = threading.Thread(target=lambda: _hold(lease.untimed(), 0.0, order, "later untimed"))
+        later.start()
+        time.sleep(0.1)
+        order.append("timing")
+    later.join(5)
+    assert 0.15 <= waited < 1.0, waited
+    assert not straggler.frozen and lease.stragglers == 1
+    assert order == ["timing", "later untimed"]
+    hung.join(5)
+
+
+def test_a_step_that_has_run_past_the_grace_already_holds_a_timing_run_up_not_at_all():
+    lease = DeviceLease(grace_s=0.2)
+    lease.register(_Child())
+    entered = threading.Event()
+
+    def hang() -> None:
+        with lease.untimed():
+            entered.set()
+            time.sleep(1.5)
+
+    hung = threading.Thread(target=hang)
+    hung.start()
+    assert entered.wait(5)
+    time.sleep(0.4)
+    asked = time.monotonic()
+    with lease.timing():
+        waited = time.monotonic() - asked
+    assert waited < 0.1 and lease.stragglers == 1, waited
+    hung.join(5)
+
+
+def test_a_straggler_that_cannot_be_frozen_is_waited_for():
+    lease = DeviceLease(grace_s=0.1)
+    lease.register(_Child(freezes=False))
+    entered = threading.Event()
+
+    def step() -> None:
+        with lease.untimed():
+            entered.set()
+            time.sleep(0.6)
+
+    thread = threading.Thread(target=step)
+    thread.start()
+    assert entered.wait(5)
+    asked = time.monotonic()
+    with lease.timing():
+        waited = time.monotonic() - asked
+    thread.join(5)
+    assert waited >= 0.5 and lease.stragglers == 0, waited
 
 
 def test_jobs_sharing_a_lease_are_judged_as_alone(tmp_path):
@@ -187,11 +269,14 @@ def test_jobs_sharing_a_lease_are_judged_as_alone(tmp_path):
         assert not any(_overlap(run, other) for other in spans if other is not run)
 
 
-def test_a_closed_child_is_not_frozen():
+def test_a_closed_child_counts_as_frozen_and_thaws_harmlessly():
+    """Nothing of an ended child runs, so a timing run need not wait for it."""
     child = Child.spawn("reference", env={}, gpu=False, label="test-freeze")
     child.close()
     try:
-        assert child.freeze() is False
+        assert child.freeze() is True
+        child.thaw()
+        assert child.frozen_s() == 0.0
     finally:
         child.discard()
 
@@ -274,7 +359,7 @@ def test_a_job_short_of_device_memory_beside_others_is_run_again_alone(monkeypat
         with lock:
             log.append((job.job_id, lease is not None, sorted(running)))
             running.add(job.job_id)
-        time.sleep(0.2)
+        time.sleep(1.3)  # longer than a GPU lease's grace: the run alone must wait for the others' ends all the same
         first_big = job.job_id == "big" and lease is not None
         result = EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
                             mode=job.mode, correct=not first_big, reward=-1.0 if first_big else 1.0,

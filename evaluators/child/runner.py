@@ -129,6 +129,9 @@ class Runner:
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         return {"device_name": name, "torch": torch.__version__}
 
+    def cmd_device_probe(self, req: dict) -> dict:
+        return {"busy_ms": timing.other_work_ms(self.device)}
+
     def run_trials(self, seeds: list[int], keep, audit_fn=None) -> list[dict]:
         """Each seed's call on fresh inputs; ``keep(index, sequence, outputs)`` takes the outputs of
         a call that returned plain tensors only."""

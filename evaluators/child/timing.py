@@ -414,6 +414,28 @@ def time_calls(
     return [t + c for t, c in zip(own, charged)], prints
 
 
+#: A tiny kernel's launch and completion takes ~20 us on an idle H100; a device time-shared with
+#: another process's running kernel makes it wait for that process's time slice (milliseconds).
+_BUSY_MS = 0.5
+
+
+def other_work_ms(device: torch.device, rounds: int = 5) -> float | None:
+    """Milliseconds a tiny kernel waited to run and finish (median of ``rounds``) when another
+    process's work holds the device, else None: before a timing run on a device shared with
+    other jobs, whose processes are frozen but whose kernels already launched run on."""
+    if device.type != "cuda":
+        return None
+    probe = torch.zeros(1, device=device)
+    walls = []
+    for _ in range(rounds):
+        began = _perf_counter_ns()
+        probe.add_(1)
+        _cuda_synchronize(device)
+        walls.append((_perf_counter_ns() - began) / 1e6)
+    wall = statistics.median(walls)
+    return wall if wall > _BUSY_MS else None
+
+
 def _idle_tails(bench: Bench, rounds: int) -> list[float]:
     """What ``late_ms`` reads when nothing is pending (after a cache flush, as after a call)."""
     tails = []

@@ -1,7 +1,7 @@
 """GPU evaluation pools: where trusted evaluation jobs run.
 
 ``GpuPool.submit(job) -> Future[EvalResult]``. The ``local`` pool runs several jobs on each
-visible GPU at once (one on the CPU when there is none), but never a timing run beside
+visible GPU at once (on the CPU when there is none), but never a timing run beside
 anything else on its device (evaluators/sharing.py), and every job runs its code in fresh
 isolated child processes (``kernel_env.evaluators.harness``): a CUDA fault, a hang or
 ``os._exit`` ends that job alone. The ``ray`` pool runs the same jobs as Ray tasks on a cluster, one per GPU
@@ -100,40 +100,55 @@ class _QueuedPool(ABC):
 
 def default_jobs_per_gpu() -> int:
     """Jobs one GPU runs at once: ``KERNEL_ENV_JOBS_PER_GPU``, else 4."""
-    value = os.environ.get("KERNEL_ENV_JOBS_PER_GPU", "4")
+    return _jobs_setting("KERNEL_ENV_JOBS_PER_GPU", 4)
+
+
+def default_jobs_per_cpu() -> int:
+    """Jobs the CPU device runs at once: ``KERNEL_ENV_JOBS_PER_CPU``, else 2 (a job that hangs
+    then takes one slot, while the other's timing runs freeze it)."""
+    return _jobs_setting("KERNEL_ENV_JOBS_PER_CPU", 2)
+
+
+def _jobs_setting(name: str, default: int) -> int:
+    value = os.environ.get(name, str(default))
     try:
         return max(1, int(value))
     except ValueError:
-        raise ValueError(f"KERNEL_ENV_JOBS_PER_GPU={value!r}: give a whole number of jobs (1 runs one job at a time)") from None
+        raise ValueError(f"{name}={value!r}: give a whole number of jobs (1 runs one job at a time)") from None
 
 
 class LocalPool(_QueuedPool):
     """Workers for the devices of this machine.
 
-    A GPU runs up to ``jobs_per_gpu`` jobs at once (``default_jobs_per_gpu()``): their untimed
-    steps side by side and each timing run alone, under the GPU's ``DeviceLease``
-    (evaluators/sharing.py). A job that runs out of device memory beside others is run again
-    with the GPU to itself before it is answered (``_evaluate``). The CPU device runs one job at
-    a time: there a job's untimed steps would take the processor from another's timing."""
+    A GPU runs up to ``jobs_per_gpu`` jobs at once (``default_jobs_per_gpu()``), the CPU device
+    ``jobs_per_cpu`` (``default_jobs_per_cpu()``): their untimed steps side by side and each
+    timing run alone, under the device's ``DeviceLease`` (evaluators/sharing.py), the other jobs'
+    processes frozen meanwhile. A job that runs out of device memory beside others is run again
+    with the GPU to itself before it is answered (``_evaluate``)."""
 
     _no_gpu_message = "this pool has no GPU: the job asks for device cuda (use --device cpu for cpp or triton)"
 
     def __init__(self, devices: list[str] | None = None, *, baselines: BaselineCache | None = None,
-                 jobs_per_gpu: int | None = None):
+                 jobs_per_gpu: int | None = None, jobs_per_cpu: int | None = None):
         super().__init__()
         self.devices = devices or visible_gpus() or ["cpu"]
         self.baselines = baselines or BaselineCache()
         self.jobs_per_gpu = jobs_per_gpu or default_jobs_per_gpu()
-        #: The shared GPUs' leases, by device (``DeviceLease.account()``: how each GPU's time went).
-        self.leases = leases = {d: DeviceLease() for d in self.devices if d.startswith("cuda") and self.jobs_per_gpu > 1}
+        self.jobs_per_cpu = jobs_per_cpu or default_jobs_per_cpu()
+        slots = {d: self.jobs_per_gpu if d.startswith("cuda") else self.jobs_per_cpu for d in self.devices}
+        #: The shared devices' leases, by device (``DeviceLease.account()``: how each one's time went).
+        # The CPU's lease freezes a step mid-way at once (a frozen process leaves nothing running);
+        # a GPU's lets a step run a second first (a kernel it already launched would run on).
+        self.leases = leases = {d: DeviceLease(grace_s=1.0 if d.startswith("cuda") else 0.0)
+                                for d in self.devices if slots[d] > 1}
         # Held as a sharer (untimed) by every job on a shared GPU for the whole job, alone (timing) by
         # a job run again after running out of device memory: only then is the memory free of the
         # other jobs' processes (a timing run does not free what a waiting process holds).
-        self._occupancy = {d: DeviceLease() for d in leases}
-        if leases:
+        self._occupancy = {d: DeviceLease() for d in leases if d.startswith("cuda")}
+        if any(d.startswith("cuda") for d in leases):
             reserve_spares(self.jobs_per_gpu)
         for device in self.devices:
-            for slot in range(self.jobs_per_gpu if device in leases else 1):
+            for slot in range(slots[device]):
                 self._threads.append(threading.Thread(target=self._work, args=(device, leases.get(device)),
                                                       name=f"kernel_env-pool-{device}-{slot}", daemon=True))
         for worker in self._threads:
@@ -171,6 +186,8 @@ class LocalPool(_QueuedPool):
         options = {"device": run_on, "baselines": self.baselines}
         if lease is None:
             return evaluate(job, **options, answer=future.set_result)
+        if run_on != device or device not in self._occupancy:  # on the CPU: no device memory to run short of
+            return evaluate(job, **options, lease=lease, answer=future.set_result)
         occupancy = self._occupancy[device]
 
         def answer(result: EvalResult) -> None:
@@ -188,7 +205,7 @@ class LocalPool(_QueuedPool):
             result.steps_s[SHORT_OF_MEMORY_STEP] = shared_run_s
             future.set_result(result)
 
-        with occupancy.timing():  # every other job on the device has ended; none starts until this one has
+        with occupancy.timing(drain=True):  # every other job on the device has ended; none starts until this one has
             return evaluate(job, **options, answer=answer_alone)
 
 
@@ -317,4 +334,5 @@ def default_pool() -> GpuPool:
     return shared_pool("local")
 
 
-__all__ = ["GpuPool", "LocalPool", "RayPool", "default_pool", "make_pool", "shared_pool", "visible_gpus"]
+__all__ = ["GpuPool", "LocalPool", "RayPool", "default_jobs_per_cpu", "default_jobs_per_gpu", "default_pool", "make_pool",
+           "shared_pool", "visible_gpus"]
