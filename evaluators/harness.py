@@ -493,7 +493,8 @@ class _Evaluation:
         for drain in (False, True):
             with self.step(name, share="timing", drain=drain):
                 if probe and not drain:
-                    busy = child.call("device_probe", self.s.step_timeout_s, yields=False)[0].get("busy_ms")
+                    # Bounded like the shortest timing run: it holds the device, in the candidate's process.
+                    busy = child.call("device_probe", self.s.timing_floor_s, yields=False)[0].get("busy_ms")
                     if busy:
                         self.result.steps_s["device busy with another job's kernel"] = busy
                         continue
