@@ -47,28 +47,9 @@ BAD = {
     "hangs at import": ("cpp", "import torch.nn as nn\nwhile True:\n    pass\n"),
     "floods its output": ("cpp", _PY + "        while True:\n            print('x' * 4096, flush=True)\n"),
 }
-GPU_BAD = {
-    "spins on the device": ("triton", '''import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def spin(flag_ptr, out_ptr):
-    count = 0
-    while tl.load(flag_ptr, volatile=True) == 0:
-        count += 1
-    tl.store(out_ptr, count)
-
-
-class ModelNew(nn.Module):
-    def forward(self, x, y):
-        flag, out = torch.zeros(1, dtype=torch.int32, device=x.device), torch.empty_like(x)
-        spin[(1,)](flag, out)
-        return out
-'''),
-}
+#: The GPU tests' candidate whose Triton kernel never ends.
+_DEVICE_SPIN = Path(__file__).parents[1] / "tests" / "gpu" / "solutions" / "device_spin.py"
+GPU_BAD = {"spins on the device": ("triton", _DEVICE_SPIN.read_text())}
 
 
 def snapshot(root: Path, name: str, model_new: str) -> Path:
@@ -138,7 +119,7 @@ def main() -> None:
             row["neighbour"] = {"fault": ended.fault, "reward": ended.reward, "error": (ended.error or "")[:160]}
             rows[kind] = row
             print(f"  {kind}: {row}", flush=True)
-        stragglers = pool.leases[args.device if not gpu else "cuda:0"].stragglers if pool.leases else 0
+        stragglers = sum(lease.stragglers for lease in pool.leases.values())
     alone = rows["alone"]
     print(f"\n{'beside':<22} {'latency s':>9} {'ratio':>6} {'max s':>6} {'correct':>8} {'runtime ms':>11} {'vs alone':>8} "
           f"{'bad ended at':>13}")

@@ -17,7 +17,7 @@ import pytest
 
 from kernel_env.evaluators import harness
 from kernel_env.evaluators.harness import evaluate
-from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
+from kernel_env.evaluators.records import EvalJob, EvalSettings, Mode
 from kernel_env.resources import example_dir
 from kernel_env.runtime.pool import LocalPool
 
@@ -68,10 +68,6 @@ def test_a_hanging_candidate_is_ended_within_its_task_derived_bound(tmp_path, ki
     assert elapsed < 40, f"answered after {elapsed:.0f} s"
 
 
-def _await(future, seconds: float) -> EvalResult:
-    return future.result(timeout=seconds)
-
-
 def test_a_hanging_neighbour_holds_up_neither_the_timing_nor_the_verdict_of_a_job_beside_it(tmp_path):
     """On one CPU pool of two slots: a candidate that spins in forward (bound: 40 s), then an
     honest profile beside it. The profile is answered correct and timed long before the hang
@@ -81,7 +77,7 @@ def test_a_hanging_neighbour_holds_up_neither_the_timing_nor_the_verdict_of_a_jo
         hung = pool.submit(job(hanging(tmp_path, "spins in forward"), "cpp", Mode.VERIFY, hang_settings))
         time.sleep(3.0)  # into its endless loop
         began = time.monotonic()
-        honest = _await(pool.submit(job(control(tmp_path), "triton", Mode.PROFILE, FAST)), 120)
+        honest = pool.submit(job(control(tmp_path), "triton", Mode.PROFILE, FAST)).result(timeout=120)
         honest_s = time.monotonic() - began
         assert not hung.done(), "the hanging candidate ended before the control did"
         assert honest.correct and honest.reward is not None and not honest.violations, (honest.error, honest.violations)
@@ -90,7 +86,7 @@ def test_a_hanging_neighbour_holds_up_neither_the_timing_nor_the_verdict_of_a_jo
         assert honest.steps_s.get("waiting for the device", 0.0) < 10, honest.steps_s
         assert pool.leases["cpu"].stragglers >= 1
         assert honest_s < 40, honest_s
-        ended = _await(hung, 120)
+        ended = hung.result(timeout=120)
     assert ended.fault == "candidate" and re.search(r"cand_trials took longer than 4\ds", ended.error or ""), ended.error
 
 

@@ -148,22 +148,28 @@ def test_a_frozen_child_answers_only_once_thawed_and_its_deadline_does_not_count
         child.discard()
 
 
+def _untimed_step(lease: DeviceLease, seconds: float) -> threading.Thread:
+    """An untimed step of ``seconds`` in a thread of its own, returned once it holds the lease."""
+    entered = threading.Event()
+
+    def step() -> None:
+        with lease.untimed():
+            entered.set()
+            time.sleep(seconds)
+
+    thread = threading.Thread(target=step)
+    thread.start()
+    assert entered.wait(5)
+    return thread
+
+
 def test_an_untimed_step_that_outlasts_the_grace_is_frozen_for_the_timing_run():
     """A hung step (here: 3 s) holds a timing run up for the lease's grace only; it is frozen
     meanwhile and thawed after, and a new untimed step waits for the run as before."""
     lease = DeviceLease(grace_s=0.2)
     straggler, mine, order = _Child(), _Child(), []
     lease.register(straggler)
-    entered = threading.Event()
-
-    def hang() -> None:
-        with lease.untimed():
-            entered.set()
-            time.sleep(3.0)
-
-    hung = threading.Thread(target=hang)
-    hung.start()
-    assert entered.wait(5)
+    hung = _untimed_step(lease, 3.0)
     asked = time.monotonic()
     with lease.timing(own=[mine]):
         waited = time.monotonic() - asked
@@ -182,16 +188,7 @@ def test_an_untimed_step_that_outlasts_the_grace_is_frozen_for_the_timing_run():
 def test_a_step_that_has_run_past_the_grace_already_holds_a_timing_run_up_not_at_all():
     lease = DeviceLease(grace_s=0.2)
     lease.register(_Child())
-    entered = threading.Event()
-
-    def hang() -> None:
-        with lease.untimed():
-            entered.set()
-            time.sleep(1.5)
-
-    hung = threading.Thread(target=hang)
-    hung.start()
-    assert entered.wait(5)
+    hung = _untimed_step(lease, 1.5)
     time.sleep(0.4)
     asked = time.monotonic()
     with lease.timing():
@@ -203,16 +200,7 @@ def test_a_step_that_has_run_past_the_grace_already_holds_a_timing_run_up_not_at
 def test_a_straggler_that_cannot_be_frozen_is_waited_for():
     lease = DeviceLease(grace_s=0.1)
     lease.register(_Child(freezes=False))
-    entered = threading.Event()
-
-    def step() -> None:
-        with lease.untimed():
-            entered.set()
-            time.sleep(0.6)
-
-    thread = threading.Thread(target=step)
-    thread.start()
-    assert entered.wait(5)
+    thread = _untimed_step(lease, 0.6)
     asked = time.monotonic()
     with lease.timing():
         waited = time.monotonic() - asked

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -98,10 +100,28 @@ def test_gaps_in_most_calls_that_the_waits_for_a_processor_account_for_are_not_a
 
 
 def test_the_kernel_counts_a_threads_wait_for_a_processor():
-    waited = _run_delay_ms(os.getpid())
-    if waited is None:
+    """A process spinning for 1 s on one processor beside another spinning process waits, runnable,
+    about half that time; the same spin alone waits far less."""
+    if _run_delay_ms(os.getpid()) is None:
         pytest.skip("this kernel keeps no scheduler statistics (/proc/PID/schedstat)")
-    assert waited >= 0.0
+    cpu = min(os.sched_getaffinity(0))
+    spin = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass\ntime.sleep(30)"
+
+    def waited_while_spinning(beside: bool) -> float:
+        pinned = {"preexec_fn": lambda: os.sched_setaffinity(0, {cpu})}
+        rival = subprocess.Popen([sys.executable, "-c", "while True: pass"], **pinned) if beside else None
+        child = subprocess.Popen([sys.executable, "-c", spin], **pinned)
+        try:
+            time.sleep(2.5)  # started, spun its second, asleep now
+            return _run_delay_ms(child.pid)
+        finally:
+            for process in (child, rival):
+                if process is not None:
+                    process.kill()
+                    process.wait()
+
+    beside, alone = waited_while_spinning(beside=True), waited_while_spinning(beside=False)
+    assert beside > 250.0 and alone < beside / 2, (beside, alone)
 
 
 def test_baselines_are_measured_once_and_cached(tmp_path):

@@ -37,26 +37,7 @@ class ModelNew(nn.Module):
         return out
 '''
 
-DEVICE_SPIN = '''import torch
-import torch.nn as nn
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def spin(flag_ptr, out_ptr):
-    count = 0
-    while tl.load(flag_ptr, volatile=True) == 0:
-        count += 1
-    tl.store(out_ptr, count)
-
-
-class ModelNew(nn.Module):
-    def forward(self, x, y):
-        flag, out = torch.zeros(1, dtype=torch.int32, device=x.device), torch.empty_like(x)
-        spin[(1,)](flag, out)
-        return out
-'''
+DEVICE_SPIN = (Path(__file__).parent / "solutions" / "device_spin.py").read_text()
 
 PYTHON_SPIN = "import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x, y):\n        while True:\n            pass\n"
 
@@ -84,7 +65,7 @@ def test_a_device_fault_is_the_candidates_and_the_next_job_is_unaffected(pool, t
     result = pool.submit(_job(tmp_path, name, code, language, Mode.VERIFY, TIGHT)).result()
     elapsed = time.monotonic() - began
     assert not result.correct and result.fault == "candidate" and result.reward == -1.0, result.summary()
-    assert says in (result.error or "").lower() or says in (result.error or ""), result.error
+    assert says in (result.error or "").lower(), result.error
     assert elapsed < within_s, f"answered after {elapsed:.0f} s"
     after = pool.submit(_control(tmp_path)).result()
     assert after.correct and after.fault is None, after.summary()
