@@ -439,13 +439,13 @@ class _Evaluation:
 
     def time_candidate(self, child: Child, timed_seeds, checked, fp_seed, ref_prints) -> None:
         s, result = self.s, self.result
-        per_trial = result.steps_s.get("reference: ref_trials", 0.0) / max(1, s.trials)
+        per_trial = self.result.steps_s.get("reference: ref_trials", 0.0) / max(1, s.trials)
         warm = self._ask(child, "cand_warmup", "warming up ModelNew", seeds=_seeds(s.warmup_calls),
                          timeout=self.bound(per_trial * s.warmup_calls, cap=s.job_timeout_s))
         if warm.get("error"):
             self.fail(warm["error"], log=child.log_tail())
         audit_at = sorted(secrets.SystemRandom().sample(range(len(timed_seeds)), min(s.audited_timed_calls, len(timed_seeds))))
-        per_call = result.steps_s.get("candidate: cand_warmup", 0.0) / max(1, s.warmup_calls)
+        per_call = self.result.steps_s.get("candidate: cand_warmup", 0.0) / max(1, s.warmup_calls)
         calls = len(timed_seeds) + len(audit_at)
         waited_before = _run_delay_ms(child.proc.pid)
         answer, marks = self.timing_step(child, "candidate: cand_time", lambda: child.call(
@@ -489,17 +489,17 @@ class _Evaluation:
         the device is probed first (``timing.other_work_ms``): a kernel that another job's step
         launched before the lease froze it may still run there (sharing.py). Then the run waits
         until every untimed step has ended (``drain``) and is made without the probe."""
-        drain = False
-        if self.lease is not None and self.gpu:
-            with self.step(name, share="timing"):
-                # Bounded like the shortest timing run: it holds the device, in the candidate's process.
-                busy = child.call("device_probe", self.s.timing_floor_s, yields=False)[0].get("busy_ms")
-                if not busy:
-                    return run()
-            self.result.steps_s["device busy with another job's kernel"] = busy
-            drain = True
-        with self.step(name, share="timing", drain=drain):
-            return run()
+        probe = self.lease is not None and self.gpu
+        for drain in (False, True):
+            with self.step(name, share="timing", drain=drain):
+                if probe and not drain:
+                    # Bounded like the shortest timing run: it holds the device, in the candidate's process.
+                    busy = child.call("device_probe", self.s.timing_floor_s, yields=False)[0].get("busy_ms")
+                    if busy:
+                        self.result.steps_s["device busy with another job's kernel"] = busy
+                        continue
+                return run()
+        raise AssertionError("unreachable: the drained attempt always runs")
 
     def bound(self, *work: str | float, cap: float | None = None, floor: float | None = None) -> float:
         """The deadline of a candidate's step: a floor plus ``step_multiple`` times what the same
