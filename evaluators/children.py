@@ -6,7 +6,10 @@ the GPU device nodes, a private /tmp, its own pid, network, IPC and user namespa
 capability, and the sandbox's resource limits. ``Spares`` are children started ahead of jobs.
 
 The parent speaks JSON lines to the child's stdin and reads answers from a private pipe;
-the child's stdout and stderr (the candidate's prints) go to a log file. Timing marks travel
+the child's stdout and stderr (the candidate's prints) go to a pipe the parent drains while a
+command runs, keeping the last ``_LOG_TAIL`` bytes for error messages: a child that prints more
+than ``_LOG_CAP`` bytes in all is ended (a flood of output, written to a file, was disk-bound work
+that slowed every job beside it, and filled the disk up to the file-size limit). Timing marks travel
 on a datagram socket of their own whose messages the kernel stamps when the child sends
 them, so the parent's clock bracket of a timed call does not depend on when the parent got
 to read them (a busy parent, with many episodes in one process, reads late). Answers and
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import hmac
 import json
 import os
@@ -57,6 +61,16 @@ _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _SLOW_AFTER_S = 2.0
 _SLOW_NICE = 10
 _PRIORITY_RESTORABLE = os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
+#: A child's prints: at most this much in all (then it is ended), the last ``_LOG_TAIL`` bytes kept.
+_LOG_CAP = 16 << 20
+_LOG_TAIL = 64 << 10
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+#: How often a command's writable directories are measured against the child's ``quota``.
+_QUOTA_EVERY_S = 1.0
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
 
 
 def _host_memory_share(fraction: float) -> int:
@@ -82,12 +96,21 @@ class Child:
         self._frozen_since: float | None = None  # see freeze(): a step's deadline does not count time frozen
         self._frozen_s = 0.0
         self._nice: int | None = None  # the niceness to go back to while a slow command yields (_SLOW_AFTER_S)
-        self.log_path = folder / f"{role}.log"
         # CUDA maps a huge address space, so the per-process cap is off; the cgroup bounds real
         # memory to most of this machine's, so a runaway candidate cannot take the host down.
         self.limits = limits or Limits(memory_bytes=_host_memory_share(0.75), address_space_bytes=1 << 46, processes=4096)
         self._cgroup = Cgroup.create(self.limits)
-        self._log = open(self.log_path, "wb")
+        self._log, log_write = os.pipe()
+        os.set_blocking(self._log, False)
+        with contextlib.suppress(OSError):  # room for a burst of prints while no command runs
+            fcntl.fcntl(self._log, _F_SETPIPE_SZ, 1 << 20)
+        self._tail = bytearray()
+        self._log_open = True  # until every writer has closed it (the child may close its stdout and stderr)
+        self.printed = 0  # bytes the child has written to its stdout and stderr so far
+        #: (bytes, files) the child's writable job directories may hold, checked while a command runs
+        #: (the host's disk is shared by every job; each file is also capped by ``limits.file_size_bytes``).
+        self.quota: tuple[int, int] | None = None
+        self._writable = [self.host_paths[target] for target, writable in dirs.items() if writable]
         self._buffer = b""
         stdin_read, stdin_write = os.pipe()
         self._reply_fd, reply_write = os.pipe()
@@ -101,13 +124,14 @@ class Child:
                    "cwd": "/tmp" if self.isolated else str(folder), "preload": preload}
         self._namespace: PidNamespace | None = None
         try:
-            self.proc = zygote.fork(request, (stdin_read, self._log.fileno(), reply_write, child_marks.fileno()),
+            self.proc = zygote.fork(request, (stdin_read, log_write, reply_write, child_marks.fileno()),
                                     place=self._cgroup.add if self._cgroup is not None else lambda pid: None)
         except BaseException:
             self._release()
             raise
         finally:
             os.close(stdin_read)
+            os.close(log_write)
             os.close(reply_write)
             child_marks.close()
         if self.isolated:
@@ -186,9 +210,17 @@ class Child:
 
     def _read_line(self, cmd: str, timeout: float, marks: list[tuple[str, int, float]], on_marks, yields: bool) -> bytes:
         began, frozen_before = time.monotonic(), self.frozen_s()
+        measured = began
         try:
             while b"\n" not in self._buffer:
-                ran = time.monotonic() - began - (self.frozen_s() - frozen_before)  # time spent frozen does not count
+                now = time.monotonic()
+                ran = now - began - (self.frozen_s() - frozen_before)  # time spent frozen does not count
+                if self.quota is not None and now - measured >= _QUOTA_EVERY_S:
+                    measured = now
+                    over = self._over_quota()
+                    if over:
+                        self.kill()
+                        raise ChildError(f"the {self.role} process {over} during {cmd} and was ended")
                 if yields and ran >= _SLOW_AFTER_S:
                     self._yield_processor(True)
                 remaining = timeout - ran
@@ -198,12 +230,18 @@ class Child:
                 with selectors.DefaultSelector() as sel:
                     sel.register(self._reply_fd, selectors.EVENT_READ)
                     sel.register(self._marks, selectors.EVENT_READ)
+                    if self._log_open:
+                        sel.register(self._log, selectors.EVENT_READ)
                     ready = {key.fileobj for key, _ in sel.select(min(remaining, 1.0))}
+                if self._log in ready and not self._drain_log():
+                    self.kill()
+                    raise ChildError(f"the {self.role} process printed more than {_LOG_CAP >> 20} MiB during {cmd} and was "
+                                     "ended (a flood of output)")
                 if self._marks in ready:
                     self._drain_marks(marks)  # a full queue would block the child
                     on_marks()
                 if self._reply_fd not in ready:
-                    if not ready and self.proc.poll() is not None:
+                    if not ready - {self._log} and self.proc.poll() is not None:
                         raise ChildError(self._death_note(f"the {self.role} process died during {cmd}"))
                     continue
                 chunk = os.read(self._reply_fd, 1 << 20)
@@ -268,14 +306,45 @@ class Child:
             how = f"exit code {code}"
         return f"{what} ({how})" + (f":\n{self.log_tail()}" if self.log_tail() else "")
 
+    def _over_quota(self) -> str:
+        """What the child's writable directories hold beyond its ``quota``, in words; "" within it."""
+        most_bytes, most_files = self.quota
+        used = files = 0
+        stack = list(self._writable)
+        while stack:
+            with contextlib.suppress(OSError), os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    files += 1
+                    with contextlib.suppress(OSError):
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        used += entry.stat(follow_symlinks=False).st_blocks * 512
+            if files > most_files:
+                return f"made more than {most_files} files in its job folder"
+        return f"wrote {_size(used)} to its job folder (at most {_size(most_bytes)})" if used > most_bytes else ""
+
+    def _drain_log(self) -> bool:
+        """Read what the child has printed so far, keeping the last ``_LOG_TAIL`` bytes; False
+        once it has printed more than ``_LOG_CAP`` in all."""
+        while self.printed <= _LOG_CAP:
+            try:
+                chunk = os.read(self._log, 1 << 20)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # closed (the child has been released)
+                break
+            if not chunk:
+                self._log_open = False
+                break
+            self.printed += len(chunk)
+            self._tail += chunk
+            del self._tail[:-_LOG_TAIL]
+        return self.printed <= _LOG_CAP
+
     def log_tail(self, limit: int = 2000) -> str:
-        try:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(max(0, os.fstat(handle.fileno()).st_size - limit))
-                data = handle.read(limit)
-        except OSError:
-            return ""
-        return data.decode("utf-8", "replace").strip()
+        """The last ``limit`` bytes the child printed (stdout and stderr), as text."""
+        self._drain_log()
+        return bytes(self._tail[-limit:]).decode("utf-8", "replace").strip()
 
     def freeze(self) -> bool:
         """Stop every process of the child (see sharing.py): through its cgroup where this host lets
@@ -330,7 +399,9 @@ class Child:
             self.stdin.close()
         os.close(self._reply_fd)
         self._marks.close()
-        self._log.close()
+        self._drain_log()  # for a death note still to be written
+        os.close(self._log)
+        self._log = -1
         if self._namespace is not None:
             self._namespace.kill()  # closes its pidfd (the child is gone by now)
         if self._cgroup is not None:

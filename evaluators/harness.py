@@ -293,13 +293,21 @@ class _Evaluation:
                           out_dir=child.path("/job/ref"), task_code=self.job.task_code)
         self.result.device_name = setup["device_name"]
         self._ask(child, "ref_init", "building the reference Model", init_seed=init_seed)
-        trials = self._ask(child, "ref_trials", "running the reference Model", seeds=trial_seeds)["trials"]
-        prints = []
+        answer = self._ask(child, "ref_trials", "running the reference Model", seeds=trial_seeds, vary=self.s.vary_inputs,
+                           atol=self.s.atol, rtol=self.s.rtol)
+        if answer.get("error"):
+            self.fail(f"the task cannot be evaluated: {answer['error']}; not your code's fault", fault="evaluator")
+        if answer["trivial"] and self.s.refuse_trivial_tasks:
+            self.fail(f"the task cannot be evaluated: {'; '.join(answer['trivial'])} (screened at the evaluator's tolerance: "
+                      "a constant or copied answer would be paid as correct); not your code's fault. `kernel-env tasks "
+                      "--check` lists such tasks", fault="evaluator")
+        prints: list = []
         if self.timed:
             self.result.eager, self.result.compiled_baseline = self.baseline_times(child, setup)
-            prints = self._ask(child, "ref_fingerprints", "running the reference Model", seeds=checked_seeds, fp_seed=fp_seed)["fingerprints"]
+            fingerprints = self._ask(child, "ref_fingerprints", "running the reference Model", seeds=checked_seeds, fp_seed=fp_seed)
+            prints = list(zip(fingerprints["fingerprints"], fingerprints["precise"]))
         self._ask(child, "ref_release", "freeing the reference Model")
-        return {"trials": trials, "fingerprints": prints}
+        return {"trials": answer["trials"], "fingerprints": prints}
 
     def baseline_times(self, child: Child, setup: dict) -> tuple[Timing, Timing | None]:
         key = self.baselines.key(self.job.task_code, setup["device_name"], setup["torch"], self.s.timing_protocol())
@@ -335,6 +343,9 @@ class _Evaluation:
                 shutil.copy2(self.ref_dir / name, self.cand_dir / name)
             # The snapshot is the broker's copy (regular files only); the child sees this copy read-only.
             shutil.copytree(self.job.snapshot_dir, child.host_paths["/job/snapshot"], symlinks=True, dirs_exist_ok=True)
+        # The candidate writes its trials' outputs there, as the reference did to its folder: room for
+        # a few times that, so that a candidate filling the host's disk is ended, as its own fault.
+        child.quota = (_JOB_FOLDER_FLOOR + _JOB_FOLDER_MULTIPLE * _folder_bytes(self.ref_dir), _JOB_FOLDER_FILES)
         try:
             self._ask(child, "setup", "starting the candidate process", device=self.child_device,
                       out_dir=child.path("/job/cand"), task_code=self.job.task_code, pid_namespace=child.isolated)
@@ -350,7 +361,8 @@ class _Evaluation:
                            "host's clock on this worker (docs/design.md, Known limits)")
             if loaded["shape_mismatch"]:
                 result.violations.append(f"weights with the reference's names but other shapes: {', '.join(loaded['shape_mismatch'][:5])}")
-            trials = self._ask(child, "cand_trials", "running ModelNew", timeout=self.bound("reference: ref_trials"), seeds=trial_seeds)
+            trials = self._ask(child, "cand_trials", "running ModelNew", timeout=self.bound("reference: ref_trials"), seeds=trial_seeds,
+                               variants=[trial["variant"] for trial in reference["trials"]])
             if trials.get("error"):
                 self.fail(trials["error"], log=child.log_tail())
             self.check_trials(reference["trials"], trials["trials"])
@@ -472,7 +484,8 @@ class _Evaluation:
             result.violations.append("the timing run returned the wrong number of measurements")
             return
         for position, index in enumerate(checked):
-            if not fingerprints_match(ref_prints[position], prints[index], s.atol, s.rtol):
+            if not any(expected is not None and fingerprints_match(expected, prints[index], s.atol, s.rtol)
+                       for expected in ref_prints[position]):
                 result.violations.append(f"timed call {index} returned a wrong result (the output of a timed call must be correct too)")
                 result.correct = False
                 return
@@ -520,6 +533,16 @@ class _Evaluation:
         if not answer.get("ok"):
             self.fail(f"{doing} failed: {answer.get('error')}", log=child.log_tail())
         return answer
+
+
+#: A candidate's job folder holds at most this floor + this multiple of what the reference's holds, in this many files.
+_JOB_FOLDER_FLOOR = 1 << 30
+_JOB_FOLDER_MULTIPLE = 4
+_JOB_FOLDER_FILES = 10_000
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(path.lstat().st_blocks * 512 for path in folder.rglob("*"))
 
 
 #: How long a child's death may precede its fork server's seen end (see ``_lost_with_its_server``).

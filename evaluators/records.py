@@ -38,7 +38,13 @@ class EvalSettings(BaseModel):
     step_floor_s: float = 60.0            # loading ModelNew, its trials, its warm-up (Triton compiles on a first call)
     timing_floor_s: float = 10.0          # its timing run, which has the device to itself (everything is compiled by then)
     step_multiple: float = 20.0
+    build_timeout_s: float = 300.0        # the final evaluation's clean build (`utils/compile.sh`) in the agent's sandbox
     compile_baseline: bool = True
+    # Task hardening (child/screen.py): the trials draw their inputs from several distributions and
+    # scales, and a task that a trivial answer passes (zeros, a constant, a copied input or trial) is
+    # not evaluated (an evaluator fault, never a reward).
+    vary_inputs: bool = True
+    refuse_trivial_tasks: bool = True
     speedup_margin: float = 0.05           # "more than 5 % faster"
 
     def timing_protocol(self) -> dict:

@@ -19,7 +19,9 @@ from kernel_env.evaluators import harness
 from kernel_env.evaluators.harness import evaluate
 from kernel_env.evaluators.records import EvalJob, EvalSettings, Mode
 from kernel_env.resources import example_dir
+from kernel_env.runtime.episode import Episode
 from kernel_env.runtime.pool import LocalPool
+from kernel_env.tasks import Task
 
 TASK_CODE = (example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10")
 #: Tight bounds, so a hang ends in seconds here: floor + 5 x the reference's time for the same work.
@@ -99,14 +101,60 @@ def past_rules(monkeypatch):
 @pytest.mark.parametrize(("kind", "body", "says"), [
     ("segfault in native code", "import ctypes\n        ctypes.string_at(0)", "killed by SIGSEGV"),
     ("result channel closed", "import os\n        os.closerange(3, 4096)", "the candidate process died during cand_trials"),
-], ids=["segfault", "closed_result_channel"])
-def test_a_crashing_candidate_is_answered_at_once_as_its_own_fault(tmp_path, past_rules, kind, body, says):
+    ("floods its output", "while True:\n            print('x' * 4096, flush=True)", "printed more than 16 MiB during cand_trials"),
+    ("fills its job folder", ("import itertools\n        for k in itertools.count():\n"
+                              "            open(f'/job/cand/f{k}', 'wb').write(b'x')"), "made more than 10000 files in its job folder"),
+    ("fills the disk", ("import itertools\n        for k in itertools.count():\n"
+                        "            open(f'/job/cand/big{k}', 'wb').write(bytes(1 << 26))"), "MiB to its job folder (at most 64 MiB)"),
+], ids=["segfault", "closed_result_channel", "flood", "many_files", "big_files"])
+def test_a_crashing_candidate_is_answered_at_once_as_its_own_fault(tmp_path, past_rules, monkeypatch, kind, body, says):
+    monkeypatch.setattr(harness, "_JOB_FOLDER_FLOOR", 64 << 20)  # the disk cases write a few hundred MB, not GBs
     folder = snapshot(tmp_path, "crash", f"import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
                                          f"    def forward(self, x, y):\n        {body}\n")
     started = time.monotonic()
-    result = evaluate(job(folder, "cpp", Mode.VERIFY, FAST))
+    # A bound well past the 30 s asserted: each is ended by its own fault, not by its step's bound.
+    result = evaluate(job(folder, "cpp", Mode.VERIFY, FAST.model_copy(update={"step_floor_s": 120.0})))
     assert time.monotonic() - started < 30
     assert not result.correct and result.fault == "candidate" and result.reward == -1.0, result
     assert says in (result.error or ""), result.error
     control_result = evaluate(job(control(tmp_path), "triton", Mode.VERIFY, FAST))
     assert control_result.correct, control_result.error
+
+
+def test_what_a_candidate_printed_before_it_failed_reaches_its_result(tmp_path, past_rules):
+    """The child's prints go to a pipe the parent drains, keeping the tail: the last lines before
+    a failure are in the result, even when the candidate closed its own stdout and stderr after."""
+    folder = snapshot(tmp_path, "prints", "import os\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                                          "    def forward(self, x, y):\n"
+                                          "        print('early line ' * 10000, flush=True)\n"
+                                          "        print('the last words', flush=True)\n"
+                                          "        os.close(1)\n        os.close(2)\n"
+                                          "        raise RuntimeError('no kernel here')\n")
+    started = time.monotonic()
+    result = evaluate(job(folder, "cpp", Mode.VERIFY, FAST.model_copy(update={"step_floor_s": 20.0})))
+    assert time.monotonic() - started < 30
+    assert not result.correct and result.fault == "candidate", result
+    assert "no kernel here" in (result.error or ""), result.error
+    assert "the last words" in result.log_tail, result.log_tail[-300:]
+
+
+def test_a_build_that_hangs_is_ended_at_the_build_bound_as_the_candidates_fault(tmp_path):
+    """A header that is a FIFO nobody writes: the compiler waits on it forever. The final
+    evaluation's clean build ends at ``build_timeout_s``, every process of it with it."""
+    task = Task(id="test/relu_add_1k", name="relu_add_1k", code=TASK_CODE)
+    settings = FAST.model_copy(update={"build_timeout_s": 10.0})
+    with Episode.open(task, language="cpp", device="cpu", settings=settings, root=tmp_path) as episode:
+        episode.workspace.copy_solution(example_dir() / "solutions" / "cpp")
+        made = episode.sandbox.exec("mkfifo kernels/stalls.h && for f in kernels/*.cpp; do sed -i '1i #include \"stalls.h\"' $f; done",
+                                    timeout=30)
+        assert made.ok, made.output
+        started = time.monotonic()
+        build, result = episode.build_and_evaluate(Mode.VERIFY, clean=True)
+        elapsed = time.monotonic() - started
+        assert build.timed_out, build.output[-500:]
+        assert not result.compiled and result.fault == "candidate" and result.reward == -1.0, result
+        assert "took longer than 10s" in (result.error or ""), result.error
+        assert elapsed < 30, elapsed
+        # nothing of the build lives on: the sandbox's next command runs at once
+        left = episode.sandbox.exec("ps -eo pid,ppid,pgid,sid,comm", timeout=10).output
+        assert "cc1plus" not in left, left

@@ -93,6 +93,21 @@ def test_tasks_check_json_reports_signatures(tmp_path):
     assert record["outputs"] == [{"shape": [8, 16], "dtype": "float32"}]
 
 
+def test_tasks_check_lists_a_task_a_trivial_answer_passes_and_allow_trivial_takes_it(tmp_path):
+    path = tmp_path / "ones.jsonl"
+    ones = TINY_TASK.replace("return torch.relu(x) * self.scale", "return torch.softmax(x, dim=1).sum(dim=1)")
+    assert ones != TINY_TASK
+    path.write_text(json.dumps({"id": "mine/ones", "code": ones}) + "\n")
+    refused = runner.invoke(app, ["tasks", str(path), "--check"])
+    assert refused.exit_code == 1, refused.output
+    assert "task mine/ones: refused, a trivial answer passes it: returning the constant 1 as the output passes every trial" \
+        in refused.stdout
+    taken = runner.invoke(app, ["tasks", str(path), "--check", "--allow-trivial", "--json"])
+    assert taken.exit_code == 0, taken.output
+    (record,) = json.loads(taken.stdout)
+    assert record["ok"] and record["screened"] and record["trivial"] == ["returning the constant 1 as the output passes every trial"]
+
+
 def test_tasks_of_a_missing_source_is_a_usage_error(tmp_path):
     result = runner.invoke(app, ["tasks", str(tmp_path / "nope")])
     assert result.exit_code == 2

@@ -342,6 +342,14 @@ def test_a_fork_bomb_is_contained_and_the_session_survives(make_sandbox, backend
     _usable(sandbox)
 
 
+def test_a_timed_out_command_is_killed_with_processes_it_put_in_groups_of_their_own(sandbox):
+    """ninja runs each compiler in a process group of its own: a timed-out build must not leave them running."""
+    result = sandbox.exec("python3 -c 'import os, time; os.setpgid(0, 0); time.sleep(300)' & sleep 300", timeout=2)
+    assert result.timed_out
+    left = sandbox.exec("ps -eo pid,pgid,args", timeout=10).output
+    assert "time.sleep(300)" not in left and "sleep 300" not in left, left
+
+
 def test_a_30_gb_allocation_fails_inside_and_the_session_survives(sandbox):
     result = sandbox.exec("python3 -c 'x = bytearray(30 * 2**30)'; echo exit=$?", timeout=60)
     assert "MemoryError" in result.output and "exit=1" in result.output

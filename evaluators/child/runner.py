@@ -20,6 +20,7 @@ candidate's steps, the trial files) share the process's state and are split into
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import dataclasses
 import gc
@@ -40,6 +41,7 @@ import torch  # noqa: E402
 
 import compare  # noqa: E402
 import guards  # noqa: E402
+import screen  # noqa: E402
 import timing  # noqa: E402
 
 #: The largest trial output file the reference process reads.
@@ -96,6 +98,10 @@ class Runner:
         self.processes: guards.Processes | None = None  # the process watch (guards.Processes), from cand_load
         self.spare: frozenset[int] = frozenset()  # the model's weight and buffer storages, never poisoned
         self.expected: dict[int, tuple[bool, list[torch.Tensor]]] = {}  # the reference's trial outputs, by trial
+        # ... and, for a task whose outputs are float16 or bfloat16, the same trials run in float32 and
+        # rounded once to the outputs' dtypes, where the task runs so (``_precise``)
+        self.precise: dict[int, list[torch.Tensor]] = {}
+        self.model32 = None
 
     # ------------------------------------------------------------------ shared
 
@@ -111,13 +117,14 @@ class Runner:
         exec(compile(code, "model.py", "exec"), namespace)
         self.task = namespace
 
-    def make_inputs(self, seed: int) -> list:
+    def make_inputs(self, seed: int, variant: str = "as_is") -> list:
         """The task's inputs for a seed, created on the device (identically in both roles: the same
-        code, seed and device), so generating them between timed calls is quick and keeps the GPU busy."""
+        code, seed and device), so generating them between timed calls is quick and keeps the GPU
+        busy; a trial's reshaped by its ``variant`` (``screen.vary``)."""
         torch.manual_seed(seed)
         with torch.device(self.device):
             inputs = self.task["get_inputs"]()
-        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        return screen.vary([x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs], variant, seed)
 
     def cmd_setup(self, req: dict) -> dict:
         self.pid_namespace = bool(req.get("pid_namespace"))  # a namespace of our own: /proc lists only our processes
@@ -132,28 +139,46 @@ class Runner:
     def cmd_device_probe(self, req: dict) -> dict:
         return {"busy_ms": timing.other_work_ms(self.device)}
 
-    def run_trials(self, seeds: list[int], keep, audit_fn=None) -> list[dict]:
-        """Each seed's call on fresh inputs; ``keep(index, sequence, outputs)`` takes the outputs of
-        a call that returned plain tensors only."""
+    def run_trials(self, seeds: list[int], keep, audit_fn=None, variants: list[str] | None = None) -> list[dict]:
+        """Each seed's call on fresh inputs of its ``variants`` entry; ``keep(index, sequence,
+        outputs, inputs)`` takes the outputs of a call that returned plain tensors only, with the
+        inputs as they were before the call. The reference's trials (no ``audit_fn``) fall back to
+        the task's own inputs where a variant takes them out of its domain (``screen``)."""
         reports = []
         for index, seed in enumerate(seeds):
-            inputs = self.make_inputs(seed)
-            pristine = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-            with torch.no_grad():
-                out, extra = audit_fn(inputs) if audit_fn else (self.model(*inputs), {})
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            variant = variants[index] if variants else "as_is"
+            inputs, pristine, out, extra = self._trial(seed, variant, audit_fn)
+            if audit_fn is None and variant != "as_is" and (out is None or not screen.finite(timing.flatten(out))):
+                variant, inputs, pristine, out = "as_is", None, None, None  # freed before the second call
+                inputs, pristine, out, extra = self._trial(seed, variant, audit_fn)
+            reports.append({"variant": variant})
             outputs = timing.flatten(out)
             kinds = [timing.describe(t) for t in outputs if not timing.is_plain(t)]
             if not kinds:
-                keep(index, timing.is_sequence(out), [t.detach() for t in outputs])
+                keep(index, timing.is_sequence(out), [t.detach() for t in outputs], pristine)
             mutated = any(
                 isinstance(a, torch.Tensor) and (a.shape != b.shape or not torch.equal(a.nan_to_num(), b.nan_to_num()))
                 for a, b in zip(inputs, pristine)
             )
-            reports.append({"mutated_inputs": mutated, "non_tensor_outputs": kinds, **extra})
+            reports[-1].update({"mutated_inputs": mutated, "non_tensor_outputs": kinds, **extra})
             del out, outputs, inputs, pristine
         return reports
+
+    def _trial(self, seed: int, variant: str, audit_fn) -> tuple:
+        """(inputs, a copy of them as made, the output, the audit's findings) of one trial call. A
+        reference call on a variant's inputs that raises gives the output None (see ``run_trials``)."""
+        inputs = self.make_inputs(seed, variant)
+        pristine = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+        try:
+            with torch.no_grad():
+                out, extra = audit_fn(inputs) if audit_fn else (self.model(*inputs), {})
+        except Exception:
+            if audit_fn is not None or variant == "as_is":
+                raise
+            return inputs, pristine, None, {}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return inputs, pristine, out, extra
 
     def _time(self, req: dict, fn, audit=None, after_call=None) -> dict:
         details: dict = {}
@@ -181,18 +206,56 @@ class Runner:
         return {}
 
     def cmd_ref_trials(self, req: dict) -> dict:
-        def keep(index: int, sequence: bool, outputs: list[torch.Tensor]) -> None:
-            # Copies (an output may be a view of an input or a buffer), on the device while it keeps
-            # a quarter of its memory free for the candidate, else in this process's host memory.
-            free, total = torch.cuda.mem_get_info(self.device) if self.device.type == "cuda" else (0, 0)
-            on_device = sum(t.nbytes for t in outputs) < free - total // 4
-            self.expected[index] = (sequence, [t.clone() if on_device else t.to("cpu", copy=True) for t in outputs])
+        """The trials' outputs, kept; each trial's variant (``screen``: the candidate's trials use the
+        same); the trivial answers that pass them all (``screen.TrivialAnswers``)."""
+        try:
+            allowed = screen.task_variants(self.task)
+        except ValueError as exc:
+            return {"error": f"the task's {exc}"}
+        variants = screen.trial_variants(len(req["seeds"]), allowed) if req.get("vary", True) else None
+        answers = screen.TrivialAnswers(req.get("atol", 1e-2), req.get("rtol", 1e-2))
 
-        return {"trials": self.run_trials(req["seeds"], keep)}
+        def keep(index: int, sequence: bool, outputs: list[torch.Tensor], inputs: list) -> None:
+            kept = self._kept(outputs)
+            self.expected[index] = (sequence, kept)
+            answers.add(kept, inputs)
+            precise = self._precise(inputs, outputs)
+            if precise is not None:
+                self.precise[index] = self._kept(precise)
+
+        trials = self.run_trials(req["seeds"], keep, variants=variants)
+        return {"trials": trials, "trivial": answers.reasons()}
+
+    def _kept(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Copies (an output may be a view of an input or a buffer), on the device while it keeps a
+        quarter of its memory free for the candidate, else in this process's host memory."""
+        free, total = torch.cuda.mem_get_info(self.device) if self.device.type == "cuda" else (0, 0)
+        on_device = sum(t.nbytes for t in outputs) < free - total // 4
+        return [t.clone() if on_device else t.to("cpu", copy=True) for t in outputs]
+
+    def _precise(self, inputs: list, outputs: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """The Model run in float32 on ``inputs`` (their float16 and bfloat16 tensors made float32),
+        each output rounded once to its dtype: for a task with float16 or bfloat16 outputs, where the
+        float32 run gives outputs of the same shapes. A fused kernel that computes in float32 and
+        rounds once differs from the task's own run, which rounds at every step, by more than the
+        tolerance at times (``x * y + x`` in bfloat16); it matches this one. None otherwise."""
+        if not any(t.dtype in _LOW_PRECISION for t in outputs):
+            return None
+        try:
+            if self.model32 is None:
+                self.model32 = copy.deepcopy(self.model).float()
+            wide = [x.float() if isinstance(x, torch.Tensor) and x.dtype in _LOW_PRECISION else x for x in inputs]
+            with torch.no_grad():
+                got = timing.flatten(self.model32(*wide))
+        except Exception:  # noqa: BLE001 - the task does not run in float32: its own run is the only reference
+            return None
+        if len(got) != len(outputs) or any(not isinstance(g, torch.Tensor) or g.shape != t.shape for g, t in zip(got, outputs)):
+            return None
+        return [g.detach().to(t.dtype) for g, t in zip(got, outputs)]
 
     def cmd_ref_release(self, req: dict) -> dict:
         """Drop the Model and its memory: from here on this process only compares (``ref_compare``)."""
-        self.model = None  # freed by its reference count; a gc.collect() here took 0.15-0.2 s
+        self.model = self.model32 = None  # freed by their reference counts; a gc.collect() here took 0.15-0.2 s
         self.task = {}
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -203,15 +266,17 @@ class Runner:
         candidate's process wrote, so nothing about it is trusted), on the device that holds the
         reference's, or on the host where the device has no room. The file is removed."""
         sequence, expected = self.expected.pop(req["trial"])
+        precise = self.precise.pop(req["trial"], None)
         try:
             try:
-                return self._compare(req, sequence, expected, expected[0].device if expected else self.device)
+                return self._compare(req, sequence, expected, precise, expected[0].device if expected else self.device)
             except torch.OutOfMemoryError:  # the candidate's copy, or the full check's float64 work
                 pass
             expected = [t.cpu() for t in expected]
+            precise = [t.cpu() for t in precise] if precise is not None else None
             gc.collect()
             torch.cuda.empty_cache()
-            return self._compare(req, sequence, expected, torch.device("cpu"))
+            return self._compare(req, sequence, expected, precise, torch.device("cpu"))
         except (OSError, ValueError) as exc:
             return {"unreadable": f"{type(exc).__name__}: {exc}"}
         finally:
@@ -219,18 +284,33 @@ class Runner:
                 os.unlink(req["file"])
 
     @staticmethod
-    def _compare(req: dict, sequence: bool, expected: list[torch.Tensor], device: torch.device) -> dict:
+    def _compare(req: dict, sequence: bool, expected: list[torch.Tensor], precise: list[torch.Tensor] | None,
+                 device: torch.device) -> dict:
+        """The candidate's outputs against the reference's; where they differ, against the float32
+        run's (``_precise``) too: matching either is correct."""
         got_sequence, got = read_outputs(req["file"], device)
-        report = compare.compare_outputs(req["trial"], expected if sequence else expected[0],
-                                         got if got_sequence else got[0], req["atol"], req["rtol"])
+        candidate = got if got_sequence else got[0]
+        report = compare.compare_outputs(req["trial"], expected if sequence else expected[0], candidate, req["atol"], req["rtol"])
+        if not report.correct and precise is not None:
+            precise = [t.to(device) for t in precise]
+            second = compare.compare_outputs(req["trial"], precise if sequence else precise[0], candidate, req["atol"], req["rtol"])
+            if second.correct:
+                report = second
         return {"report": dataclasses.asdict(report)}
 
     def cmd_ref_fingerprints(self, req: dict) -> dict:
-        prints = []
+        """Fingerprints of the outputs of the checked timed calls; for a float16 or bfloat16 task,
+        of its float32 run's too (``_precise``; None where there is none): matching either passes."""
+        prints, precise = [], []
         with torch.no_grad():
             for seed in req["seeds"]:
-                prints.append(timing.fingerprint(self.model(*self.make_inputs(seed)), req["fp_seed"]))
-        return {"fingerprints": prints}
+                inputs = self.make_inputs(seed)
+                outputs = timing.flatten(self.model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]))
+                prints.append(timing.fingerprint(outputs, req["fp_seed"]))
+                wide = self._precise(inputs, [t for t in outputs if isinstance(t, torch.Tensor)]) \
+                    if all(isinstance(t, torch.Tensor) for t in outputs) else None
+                precise.append(timing.fingerprint(wide, req["fp_seed"]) if wide is not None else None)
+        return {"fingerprints": prints, "precise": precise}
 
     def cmd_ref_screen(self, req: dict) -> dict:
         """Facts for the synthesis filter (``kernel_env.workloads.synth.filter``, which decides; nothing here does).
@@ -351,8 +431,8 @@ class Runner:
     def cmd_cand_trials(self, req: dict) -> dict:
         try:
             return {"trials": self.run_trials(
-                req["seeds"], lambda index, sequence, outputs: write_outputs(self.out_dir / f"cand_trial_{index}.out", sequence, outputs),
-                audit_fn=lambda inputs: self._audited_call(inputs, self.bench))}
+                req["seeds"], lambda index, sequence, outputs, _: write_outputs(self.out_dir / f"cand_trial_{index}.out", sequence, outputs),
+                audit_fn=lambda inputs: self._audited_call(inputs, self.bench), variants=req.get("variants"))}
         except Exception as exc:
             return {"error": _trimmed("ModelNew.forward", exc, None)}
 
@@ -392,6 +472,9 @@ class Runner:
     def cmd_cand_integrity(self, req: dict) -> dict:
         return {"changes": self.integrity.changes(), "new_threads": self.integrity.new_threads(),
                 "processes": self._new_processes()}
+
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def write_outputs(path: Path, sequence: bool, outputs: list[torch.Tensor]) -> None:

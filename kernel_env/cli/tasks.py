@@ -1,7 +1,7 @@
 """``kernel-env tasks``, ``baseline`` and ``headers``: a task source, its baselines, the build headers.
 
-``tasks`` lists a source and (``--check``) runs each task once in the locked-down probe of
-``kernel_env.tasks.validate_task``; ``baseline`` fills the eager / torch.compile timing cache
+``tasks`` lists a source and (``--check``) runs each task in the locked-down probe of
+``kernel_env.tasks.validate_task``, which refuses a task that a trivial answer passes; ``baseline`` fills the eager / torch.compile timing cache
 through the trusted harness; ``headers`` precompiles torch's headers. Exit 1 when a task (or a
 baseline, or a header build) failed.
 """
@@ -29,13 +29,19 @@ def tasks(
     count: options.Count = None,
     sample: options.Sample = None,
     seed: options.SampleSeed = 0,
-    check: bool = typer.Option(False, "--check", help="Run each task once in a locked-down probe and report the bad ones."),
+    check: bool = typer.Option(False, "--check", help="Run each task in a locked-down probe and report the bad ones: "
+                                                      "those that fail, and those a trivial answer (zeros, a constant, "
+                                                      "a copied input) passes."),
+    allow_trivial: bool = typer.Option(False, "--allow-trivial", help="With --check: accept tasks a trivial answer "
+                                                                      "passes (listed as warnings). Evaluations refuse "
+                                                                      "them unless EvalSettings.refuse_trivial_tasks "
+                                                                      "is off."),
     jobs: int = typer.Option(max(1, min(4, os.cpu_count() or 1)), "--jobs", min=1, help="Probes run at once with --check."),
     as_json: options.Json = False,
 ) -> None:
-    """List the tasks of a source (id, level, name, content hash); --check validates them."""
+    """List the tasks of a source (id, level, name, content hash); --check validates and screens them."""
     selected = select(load_source(source), level=level, name=name, sample=sample, seed=seed, count=count)
-    results = _check_all(selected, jobs, quiet=as_json) if check else None
+    results = _check_all(selected, jobs, quiet=as_json, allow_trivial=allow_trivial) if check else None
     bad = [task for task in selected if results and isinstance(results[task.id], TaskError)]
 
     if as_json:
@@ -47,7 +53,8 @@ def tasks(
                 record["ok"] = not isinstance(result, TaskError)
                 record["error"] = str(result) if isinstance(result, TaskError) else None
                 if not isinstance(result, TaskError):
-                    record.update(inputs=result.inputs, outputs=result.outputs)
+                    record.update(inputs=result.inputs, outputs=result.outputs, screened=result.screened,
+                                  trivial=result.trivial, warnings=result.warnings)
             records.append(record)
         print_json(records)
     else:
@@ -119,13 +126,13 @@ def headers(
     raise typer.Exit(EXIT_TASK_FAILED if failed else EXIT_OK)
 
 
-def _check_all(selected: list[Task], jobs: int, *, quiet: bool) -> dict[str, object]:
+def _check_all(selected: list[Task], jobs: int, *, quiet: bool, allow_trivial: bool = False) -> dict[str, object]:
     """Each task's TaskInfo, or the TaskError its probe raised, by task id (``jobs`` probes at once)."""
     results: dict[str, object] = {}
 
     def probe(task: Task):
         try:
-            return task, validate_task(task)
+            return task, validate_task(task, allow_trivial=allow_trivial)
         except TaskError as exc:
             return task, exc
 
@@ -139,6 +146,14 @@ def _check_all(selected: list[Task], jobs: int, *, quiet: bool) -> dict[str, obj
     return results
 
 
+def _check_cell(result: object) -> str:
+    if isinstance(result, TaskError):
+        return "[red]✗ bad[/]"
+    if result.trivial:
+        return "[yellow]! trivial[/]"
+    return "[green]✓ ok[/]"
+
+
 def _render_task_table(selected: list[Task], results: dict[str, object] | None) -> None:
     table = Table(show_edge=False, header_style="bold")
     for column in ("id", "level", "name", "hash", *(["check"] if results is not None else [])):
@@ -146,13 +161,21 @@ def _render_task_table(selected: list[Task], results: dict[str, object] | None) 
     for task in selected:
         row = [task.id, "" if task.level is None else str(task.level), task.name, task.hash]
         if results is not None:
-            row.append("[red]✗ bad[/]" if isinstance(results[task.id], TaskError) else "[green]✓ ok[/]")
+            row.append(_check_cell(results[task.id]))
         table.add_row(*[cell if cell.startswith("[") else escape(cell) for cell in row])
     out.print(table)
     bad = [str(r) for r in (results or {}).values() if isinstance(r, TaskError)]
     for line in bad:
         out.print(f"[red]✗[/] {escape(line)}", soft_wrap=True)
+    for task_id, info in (results or {}).items():
+        if not isinstance(info, TaskError):
+            for warning in [*info.trivial, *info.warnings]:
+                out.print(f"[yellow]![/] task {escape(task_id)}: {escape(warning)}", soft_wrap=True)
     summary = f"{len(selected)} task{'s' if len(selected) != 1 else ''}"
     if results is not None:
         summary += f": {len(selected) - len(bad)} ok, {len(bad)} bad"
+        unscreened = sum(1 for r in results.values() if not isinstance(r, TaskError) and not r.screened)
+        if unscreened:
+            summary += (f"; {unscreened} too large to screen for trivial answers on this CPU (every evaluation screens "
+                        "its task on its own device)")
     out.print(summary)

@@ -138,11 +138,12 @@ class Episode:
             if sources is not None and (self._best is None or score(result) > score(self._best.result)):
                 self._best = _Evaluated(result, sources, digest)
 
-    def compile(self, timeout: float = 600.0, *, clean: bool = False) -> ExecResult:
-        """Run the workspace's build as the agent would; ``clean`` first removes build/ (so nothing
-        the agent left there, a planted object file say, can end up in the module)."""
+    def compile(self, timeout: float | None = None, *, clean: bool = False) -> ExecResult:
+        """Run the workspace's build as the agent would, within ``timeout`` (default: the settings'
+        ``build_timeout_s``); ``clean`` first removes build/ (so nothing the agent left there, a
+        planted object file say, can end up in the module)."""
         command = f"rm -rf build && {COMPILE_COMMAND}" if clean else COMPILE_COMMAND
-        return self.sandbox.exec(command, timeout=timeout, max_output=20_000)
+        return self.sandbox.exec(command, timeout=timeout or self.broker.settings.build_timeout_s, max_output=20_000)
 
     def evaluate(self, mode: Mode = Mode.FINAL) -> EvalResult:
         return self.broker.evaluate_workspace(self.workspace, mode)
@@ -152,7 +153,8 @@ class Episode:
         build = self.compile(clean=clean)
         if build.ok:
             return build, self.evaluate(mode)
-        why = "timed out" if build.timed_out else f"exit code {build.exit_code}"
+        why = f"took longer than {self.broker.settings.build_timeout_s:.0f}s and was ended" if build.timed_out \
+            else f"exit code {build.exit_code}"
         return build, EvalResult(job_id="build", task_id=self.task.id, language=self.language.name, device=self.device,
                                  mode=mode, compiled=False, reward=-1.0, fault="candidate",
                                  error=f"`{COMPILE_COMMAND}` failed ({why}):\n{build.output[-4000:]}")

@@ -18,6 +18,7 @@ the state stays as it was; the session survives anything a command does.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -124,11 +125,37 @@ def _spawn(script: str, stdout) -> subprocess.Popen:
     )
 
 
+def _session_members(sid: int) -> list[int]:
+    """The processes of session ``sid`` (this sandbox's /proc shows only its own)."""
+    members = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if len(fields) > 3 and int(fields[3]) == sid:  # state, ppid, pgrp, session
+                members.append(int(name))
+    return members
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """Kill a command and everything it started. Its session, not only its process group: ninja
+    puts each compiler it runs in a process group of its own (a timed-out build left its cc1plus
+    processes running). Until none is left, as a dying process's children may still fork."""
+    for _ in range(20):
+        members = _session_members(proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.wait()
+        if not members:
+            break
+        time.sleep(0.01)
     proc.wait()
 
 

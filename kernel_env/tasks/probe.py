@@ -1,11 +1,16 @@
 """Probe process for ``kernel_env.tasks.validate_task``: runs a task once, locked down.
 
-Reads ``{"id", "code"}`` on stdin and prints one JSON line: ``{"ok": true, inputs, outputs,
-init_inputs}`` or ``{"ok": false, "error": "..."}``. The task runs under an audit hook that
-refuses to open files outside the Python installation, to touch the network, or to start
-processes, so a task that would do any of these is reported, not obeyed. Shapes are taken
-under FakeTensorMode first (no memory, no compute); only operators fake tensors cannot
-handle fall back to a real run on the CPU.
+Reads ``{"id", "code", "atol", "rtol", "screen"}`` on stdin and prints one JSON line: ``{"ok":
+true, inputs, outputs, init_inputs, screen}`` or ``{"ok": false, "error": "..."}``. The task runs
+under an audit hook that refuses to open files outside the Python installation, to touch the
+network, or to start processes, so a task that would do any of these is reported, not obeyed.
+Shapes are taken under FakeTensorMode first (no memory, no compute); only operators fake tensors
+cannot handle fall back to a real run on the CPU.
+
+The screen (``evaluators/child/screen.py``, the one the evaluation's reference process runs on
+every job) then runs the task for real on the CPU where that is cheap (``_SCREEN_FLOPS``,
+``_SCREEN_BYTES``, counted under fake tensors): the trials' inputs and their variants, which
+trivial answers pass every trial, and which inputs the output does not depend on.
 """
 
 from __future__ import annotations
@@ -17,6 +22,12 @@ import sysconfig
 import traceback
 
 TASK_FILENAME = "<task>"
+#: A task is screened here when one forward costs at most this many floating-point operations and
+#: its inputs and outputs at most this many bytes (a second or so of a CPU core); a larger one is
+#: screened by each evaluation only.
+_SCREEN_FLOPS = 2e10
+_SCREEN_BYTES = 256 << 20
+_SCREEN_TRIALS = 5
 
 
 class Refused(PermissionError):
@@ -117,12 +128,16 @@ def _run(namespace: dict, fake: bool) -> dict:
             if not isinstance(inputs, (list, tuple)):
                 raise TypeError(f"get_inputs() returned a {type(inputs).__name__}, not a list")
             stage = "Model.forward"
-            output = model(*inputs)
+            counter = torch.utils.flop_counter.FlopCounterMode(display=False)
+            with counter:
+                output = model(*inputs)
         except Exception as exc:
             if fake and _refusal(exc) is None and _is_fake_limitation(exc):
                 raise _FakeUnsupported() from None
             raise _Failure(_describe(exc, stage)) from None
-        report = {"init_inputs": [type(v).__name__ for v in init]}
+        tensors = [t for t in [*inputs, *(output if isinstance(output, (list, tuple)) else [output])] if isinstance(t, torch.Tensor)]
+        report = {"init_inputs": [type(v).__name__ for v in init], "flops": counter.get_total_flops(),
+                  "bytes": sum(t.numel() * t.element_size() for t in tensors)}
         for key, value, stage, label in (("inputs", inputs, "get_inputs()", "input"), ("outputs", output, "Model.forward", "output")):
             try:
                 report[key] = _signature(value, label)
@@ -140,6 +155,61 @@ class _Failure(Exception):
     pass
 
 
+def _screen(namespace: dict, atol: float, rtol: float) -> dict:
+    """The evaluation's screen, run here on the CPU: ``{"refused": [...], "warnings": [...], "variants": [...]}``."""
+    import torch
+
+    from kernel_env.evaluators.child import screen
+
+    try:
+        allowed = screen.task_variants(namespace)
+    except ValueError as exc:
+        raise _Failure(str(exc)) from None
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model = namespace["Model"](*namespace["get_init_inputs"]()).eval()
+
+        def inputs_for(seed: int, variant: str) -> list:
+            torch.manual_seed(seed)
+            return screen.vary(list(namespace["get_inputs"]()), variant, seed)
+
+        def run(inputs: list) -> list:
+            out = model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+            return [t.detach() for t in (out if isinstance(out, (list, tuple)) else [out])]
+
+        answers = screen.TrivialAnswers(atol, rtol)
+        used, warnings = [], []
+        for index, variant in enumerate(screen.trial_variants(_SCREEN_TRIALS, allowed)):
+            seed = 1000 + index
+            inputs = inputs_for(seed, variant)
+            try:
+                outputs = run(inputs)
+            except Exception as exc:  # noqa: BLE001 - outside the task's domain: its own inputs, as the evaluation does
+                outputs = None
+                warnings.append(f"the input variant {variant!r} makes the reference raise ({type(exc).__name__}), so that "
+                                "trial uses the task's own inputs; where this is an index out of range, on a GPU it is a "
+                                "device-side assert that ends every evaluation: name the variants the task accepts in "
+                                "INPUT_VARIANTS (docs/tasks.md)")
+            if variant != "as_is" and (outputs is None or not screen.finite(outputs)):
+                variant, inputs = "as_is", inputs_for(seed, "as_is")
+                outputs = run(inputs)
+            if outputs is None:
+                outputs = run(inputs)
+            used.append(variant)
+            answers.add(outputs, inputs)
+        base, fresh = inputs_for(1000, "as_is"), inputs_for(2000, "as_is")  # another draw: in the task's domain
+        expected = run(base)
+        for j, (x, y) in enumerate(zip(base, fresh)):
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1 and not torch.equal(x, y):
+                try:
+                    changed = run([y if k == j else v for k, v in enumerate(base)])
+                except Exception:  # noqa: BLE001 - the inputs belong together (shapes, ranges): nothing to say
+                    continue
+                if all(torch.equal(a, b) for a, b in zip(expected, changed)):
+                    warnings.append(f"the output does not depend on input {j} (changing it changed nothing)")
+    return {"refused": answers.reasons(), "warnings": warnings, "variants": used}
+
+
 class _FakeUnsupported(Exception):
     pass
 
@@ -148,6 +218,9 @@ def main() -> None:
     request = json.loads(sys.stdin.read())
     import torch  # noqa: F401  (imported before the guard so its own files load freely)
     import torch._subclasses.fake_tensor  # noqa: F401
+    import torch.utils.flop_counter  # noqa: F401
+
+    import kernel_env.evaluators.child.screen  # noqa: F401
 
     torch.manual_seed(0)
     _install_guard()
@@ -165,6 +238,16 @@ def main() -> None:
             report = _run(namespace, fake=True)
         except _FakeUnsupported:
             report = _run(namespace, fake=False)
+        affordable = report.pop("flops") <= _SCREEN_FLOPS and report.pop("bytes") <= _SCREEN_BYTES
+        if request.get("screen", True) and affordable:
+            try:
+                report["screen"] = _screen(namespace, request.get("atol", 1e-2), request.get("rtol", 1e-2))
+            except _Failure:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the task's own failure, named
+                raise _Failure(_describe(exc, "screening (Model.forward on the trials' inputs)")) from None
+        else:
+            report["screen"] = None
     except _Failure as exc:
         print(json.dumps({"ok": False, "error": str(exc)}))
         return

@@ -11,27 +11,37 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kernel_env.tasks.task import Task, TaskError
 
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """What the probe learned by running a task: input and output signatures."""
+    """What the probe learned by running a task: input and output signatures, and its screen
+    (``evaluators/child/screen.py``): ``screened`` False when the task was too large to screen on
+    the CPU here (each evaluation screens it anyway); ``trivial``: the trivial answers that pass it
+    (non-empty only for a task taken with ``allow_trivial``); ``warnings``: inputs its output
+    ignores."""
 
     inputs: list[dict]
     outputs: list[dict]
     init_inputs: list[str]
+    screened: bool = False
+    trivial: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
-def validate_task(task: Task, *, timeout: float = 180.0) -> TaskInfo:
-    """Run the task once in a locked-down probe process; raise TaskError with one clear line if it is unusable."""
+def validate_task(task: Task, *, timeout: float = 180.0, allow_trivial: bool = False, atol: float = 1e-2,
+                  rtol: float = 1e-2) -> TaskInfo:
+    """Run the task in a locked-down probe process; raise TaskError with one clear line if it is
+    unusable: it does not run, or (unless ``allow_trivial``) a trivial answer passes it at the
+    evaluator's tolerance (``atol``, ``rtol``), or its output is not finite."""
     task.check_source()
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "kernel_env.tasks.probe"],
-            input=json.dumps({"id": task.id, "code": task.code}),
+            input=json.dumps({"id": task.id, "code": task.code, "atol": atol, "rtol": rtol}),
             capture_output=True, text=True, timeout=timeout,
             env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1"},
         )
@@ -44,12 +54,18 @@ def validate_task(task: Task, *, timeout: float = 180.0) -> TaskInfo:
     report = json.loads(lines[-1])
     if not report["ok"]:
         raise TaskError(f"task {task.id}: {report['error']}")
-    return TaskInfo(inputs=report["inputs"], outputs=report["outputs"], init_inputs=report["init_inputs"])
+    screen = report.get("screen") or {}
+    if screen.get("refused") and not allow_trivial:
+        raise TaskError(f"task {task.id}: refused, a trivial answer passes it: {'; '.join(screen['refused'])} "
+                        "(allow_trivial / --allow-trivial takes it anyway)")
+    return TaskInfo(inputs=report["inputs"], outputs=report["outputs"], init_inputs=report["init_inputs"],
+                    screened=bool(screen), trivial=screen.get("refused", []), warnings=screen.get("warnings", []))
 
 
-def iter_valid(tasks: Iterable[Task]) -> Iterator[tuple[Task, TaskInfo | None, str | None]]:
+def iter_valid(tasks: Iterable[Task], *, allow_trivial: bool = False) -> Iterator[tuple[Task, TaskInfo | None, str | None]]:
+    """Each task with its TaskInfo, or with the reason it is unusable (refused tasks are yielded too, never dropped)."""
     for task in tasks:
         try:
-            yield task, validate_task(task), None
+            yield task, validate_task(task, allow_trivial=allow_trivial), None
         except TaskError as exc:
             yield task, None, str(exc)

@@ -56,7 +56,7 @@ def test_seed_scenario_relu_add_in_four_turns(pool, tmp_path):
     assert "illegal memory access" in second.error.lower() or "cuda error" in second.error.lower(), second.error
 
     third = turns["turn3_two_launches"]  # the job after the CUDA fault, on the same pool
-    assert third.correct and third.error is None, third
+    assert third.correct and third.error is None, (third.error, third.violations, third.trials)
     assert third.speedup_vs_compile < 1.0, third.summary()
 
     fourth = turns["turn4_fused"]

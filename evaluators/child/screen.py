@@ -1,0 +1,188 @@
+"""What a task's trials are made of, and which trivial answers would pass them (issue 26).
+
+**Inputs that defeat shortcuts.** The correctness trials do not all use the task's own
+``get_inputs()`` as they are: each trial draws them under its own secret seed and then reshapes
+their distribution (``VARIANTS``): trial 1 as the task makes them, then uniform over the same
+range, scaled up, shifted down by its mean and one standard deviation (so that an input the task
+makes positive takes negative values too: ``relu(x)`` of ``torch.rand`` inputs is ``x``), scaled
+down. Only floating-point tensors
+change; integer, boolean and other inputs (indices, masks, sizes) are the task's. A kernel
+that holds only for standard-normal inputs (a polynomial fit of GELU on [-4, 4], a mean assumed
+to be zero) fails; an honest one computes the same function on any of them. A trial whose
+variant makes the reference raise or give a non-finite output where the task's own inputs do
+not (a domain the variant left: a Cholesky factor of a matrix no longer positive definite, an
+overflow) uses the task's own inputs instead. A task may name the variants it accepts with a
+module-level ``INPUT_VARIANTS`` tuple (``("as_is",)`` keeps every trial on its own inputs).
+Timing always uses the task's own inputs.
+
+**Trivial answers.** A task pays full reward to a kernel that returns a constant when its
+output is (nearly) the same for every input. ``TrivialAnswers`` watches the reference's trial
+outputs and says, for each output, which answers a candidate could give without computing
+anything would pass every trial at the evaluator's tolerance: zeros, a constant (the mean of
+the first trial's output), the first trial's output replayed for every later one, or one of
+the inputs passed through. A task every output of which some trivial answer passes cannot be
+evaluated; nor can one whose reference gives NaN or Inf.
+
+Imported by the evaluation children by its bare name (``import screen``), and on the host as
+``kernel_env.evaluators.child.screen`` (the task probe screens with it too).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+if __package__:
+    from . import compare
+else:  # an evaluation child: the siblings are top-level modules there
+    import compare
+
+VARIANTS = ("as_is", "uniform", "scaled_up", "shifted", "scaled_down")
+_SCALE = 4.0
+
+
+def trial_variants(count: int, allowed: tuple[str, ...] | None = None) -> list[str]:
+    """The variant of each of ``count`` trials: ``VARIANTS`` in turn, those the task allows."""
+    usable = [v for v in VARIANTS if allowed is None or v in allowed] or ["as_is"]
+    return [usable[index % len(usable)] for index in range(count)]
+
+
+def task_variants(namespace: dict) -> tuple[str, ...] | None:
+    """The variants a task declares it accepts (``INPUT_VARIANTS``), None when it declares none.
+    Raises ValueError for a declaration that names none of ``VARIANTS``."""
+    declared = namespace.get("INPUT_VARIANTS")
+    if declared is None:
+        return None
+    names = (declared,) if isinstance(declared, str) else tuple(declared)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or not names:
+        raise ValueError(f"INPUT_VARIANTS names {unknown or 'nothing'}; choose among {', '.join(VARIANTS)}")
+    return names
+
+
+def vary(inputs: list, variant: str, seed: int) -> list:
+    """The task's inputs for one trial, reshaped by ``variant`` (``as_is``: unchanged). In place:
+    the inputs are the trial's own, fresh from ``get_inputs()``, and a task's inputs may fill most
+    of the device (a KernelBench level-1 task's, 24 GiB of an H100's 80)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown input variant {variant!r}")
+    if variant == "as_is":
+        return inputs
+    with torch.no_grad():
+        for x in inputs:
+            if _floating(x):
+                _vary_tensor(x, variant, seed)
+    return inputs
+
+
+def _floating(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1
+
+
+def _vary_tensor(x: torch.Tensor, variant: str, seed: int) -> None:
+    if variant == "uniform":
+        low, high = (float(v) for v in torch.aminmax(x))
+        if low < high:  # a constant input stays as it is
+            x.uniform_(low, high, generator=torch.Generator(device=x.device).manual_seed(seed ^ 0x5EED))
+    elif variant == "scaled_up":
+        x.mul_(_SCALE)
+    elif variant == "scaled_down":
+        x.div_(_SCALE)
+    elif variant == "shifted":  # down by its mean and one deviation: an input made positive takes negative values too
+        x.sub_(float(x.mean()) + float(x.std()))
+
+
+#: Elements per chunk when the screen compares a whole output with an answer: its work tensors stay
+#: a few hundred MB however large the output (a full-size float32 copy of each side would not fit
+#: beside a 24 GiB output).
+_CHUNK = 1 << 24
+
+
+def finite(outputs: list[torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(chunk).all()) for t in outputs if t.is_floating_point() or t.is_complex()
+               for chunk in t.reshape(-1).split(_CHUNK))
+
+
+def _mean(t: torch.Tensor) -> float:
+    """The mean of a floating-point tensor in float64, chunk by chunk; 0 where it is not finite or empty."""
+    if t.numel() == 0:
+        return 0.0
+    total = sum(float(chunk.double().sum()) for chunk in t.reshape(-1).split(_CHUNK))
+    mean = total / t.numel()
+    return mean if math.isfinite(mean) else 0.0
+
+
+class TrivialAnswers:
+    """Which trivial answers pass every trial seen so far (``add`` each trial's outputs, with the
+    inputs it was given, before the model ran), at the evaluator's tolerance."""
+
+    def __init__(self, atol: float, rtol: float) -> None:
+        self.atol, self.rtol = atol, rtol
+        self.trials = 0
+        self.non_finite: int | None = None  # the first trial (1-based) whose output was not finite
+        self._first: list[torch.Tensor] = []
+        self._means: list[float | None] = []  # of the first trial's outputs (the constant answer)
+        self._alive: list[dict[str, bool]] = []  # per output: answer -> passed every trial so far
+
+    def add(self, outputs: list[torch.Tensor], inputs: list) -> None:
+        self.trials += 1
+        if self.non_finite is None and not finite(outputs):
+            self.non_finite = self.trials
+        if self.trials == 1:
+            self._first = outputs
+            self._means = [_mean(out) if out.is_floating_point() else None for out in outputs]
+            self._alive = [self._candidates(out, inputs) for out in outputs]
+        for index, out in enumerate(outputs[:len(self._alive)]):
+            alive = self._alive[index]
+            for name in [n for n, ok in alive.items() if ok]:
+                alive[name] = self._passes(name, index, out, inputs)
+
+    def _candidates(self, out: torch.Tensor, inputs: list) -> dict[str, bool]:
+        names = ["zeros", "a constant", "the first trial's output"]
+        names += [f"input {j}" for j, x in enumerate(inputs) if isinstance(x, torch.Tensor) and tuple(x.shape) == tuple(out.shape)]
+        return dict.fromkeys(names, True)
+
+    def _passes(self, name: str, index: int, out: torch.Tensor, inputs: list) -> bool:
+        """Whether the answer ``name`` passes ``out`` (the comparison's rule, ``compare.py``), chunk by chunk."""
+        first = self._first[index]
+        if (name == "a constant" and self._means[index] is None) or (name == "the first trial's output" and first.shape != out.shape):
+            return False
+        source = first if name == "the first trial's output" else inputs[int(name[6:])] if name.startswith("input ") else None
+        flat = out.reshape(-1)
+        source_flat = source.detach().reshape(-1) if source is not None else None
+        for start in range(0, max(flat.numel(), 1), _CHUNK):
+            expected = flat[start:start + _CHUNK]
+            if source_flat is not None:
+                answer = source_flat[start:start + _CHUNK].to(device=out.device, dtype=out.dtype)
+            else:
+                answer = torch.full_like(expected, self._means[index] if name == "a constant" else 0)
+            if not compare.compare_outputs(0, expected, answer, self.atol, self.rtol).correct:
+                return False
+        return True
+
+    def passing(self) -> list[list[str]]:
+        """Per output, the trivial answers that passed every trial so far ("zeros", "a constant",
+        "the first trial's output", "input J"); none before a second trial."""
+        if self.trials < 2:
+            return [[] for _ in self._alive]
+        return [[name for name, ok in alive.items() if ok] for alive in self._alive]
+
+    def reasons(self) -> list[str]:
+        """Why the task cannot be evaluated, in words; empty when it can."""
+        if self.non_finite is not None:
+            return [f"the reference's output is not finite (NaN or Inf in trial {self.non_finite})"]
+        if not self._alive or self.trials < 2:
+            return []
+        passing = self.passing()
+        if not all(passing):
+            return []
+        label = (lambda k: f"output {k}") if len(passing) > 1 else (lambda k: "the output")
+        return [f"returning {self._describe(names[0], k)} as {label(k)} passes every trial" for k, names in enumerate(passing)]
+
+    def _describe(self, name: str, index: int) -> str:
+        if name == "a constant":
+            return f"the constant {self._means[index]:.4g}"
+        if name == "the first trial's output":
+            return "the first trial's output for every input (the output barely depends on its inputs)"
+        return f"{name} unchanged" if name.startswith("input") else name
