@@ -307,7 +307,7 @@ class _Evaluation:
             fingerprints = self._ask(child, "ref_fingerprints", "running the reference Model", seeds=checked_seeds, fp_seed=fp_seed)
             prints = list(zip(fingerprints["fingerprints"], fingerprints["precise"]))
         self._ask(child, "ref_release", "freeing the reference Model")
-        return {"trials": answer["trials"], "fingerprints": prints}
+        return {"trials": answer["trials"], "fingerprints": prints, "output_bytes": answer["output_bytes"]}
 
     def baseline_times(self, child: Child, setup: dict) -> tuple[Timing, Timing | None]:
         key = self.baselines.key(self.job.task_code, setup["device_name"], setup["torch"], self.s.timing_protocol())
@@ -343,9 +343,11 @@ class _Evaluation:
                 shutil.copy2(self.ref_dir / name, self.cand_dir / name)
             # The snapshot is the broker's copy (regular files only); the child sees this copy read-only.
             shutil.copytree(self.job.snapshot_dir, child.host_paths["/job/snapshot"], symlinks=True, dirs_exist_ok=True)
-        # The candidate writes its trials' outputs there, as the reference did to its folder: room for
-        # a few times that, so that a candidate filling the host's disk is ended, as its own fault.
-        child.quota = (_JOB_FOLDER_FLOOR + _JOB_FOLDER_MULTIPLE * _folder_bytes(self.ref_dir), _JOB_FOLDER_FILES)
+        # It holds the reference's weights and init inputs (copied above) and the trials' outputs, all
+        # at once: room for a few times that, so that a candidate filling the host's disk is ended,
+        # as its own fault.
+        child.quota = (_JOB_FOLDER_FLOOR + _JOB_FOLDER_MULTIPLE * (_folder_bytes(self.cand_dir) + reference["output_bytes"]),
+                       _JOB_FOLDER_FILES)
         try:
             self._ask(child, "setup", "starting the candidate process", device=self.child_device,
                       out_dir=child.path("/job/cand"), task_code=self.job.task_code, pid_namespace=child.isolated)
@@ -535,7 +537,8 @@ class _Evaluation:
         return answer
 
 
-#: A candidate's job folder holds at most this floor + this multiple of what the reference's holds, in this many files.
+#: A candidate's job folder holds at most this floor + this multiple of what it must hold (the
+#: reference's weights and init inputs, the trials' outputs), in this many files.
 _JOB_FOLDER_FLOOR = 1 << 30
 _JOB_FOLDER_MULTIPLE = 4
 _JOB_FOLDER_FILES = 10_000

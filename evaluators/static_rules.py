@@ -28,8 +28,8 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
      "inspects the interpreter's objects, frames or modules"),
     (r"^[ \t]*(import|from)\s+[^\n]*?\b(ctypes|_ctypes|threading|_thread|multiprocessing|concurrent|signal|importlib|builtins|"
      r"subprocess|socket|asyncio|mmap|resource|faulthandler|atexit|weakref|pickle|marshal|code|runpy|sys|gc|inspect|"
-     r"numpy|scipy|cupy|jax|numba|_C|__main__|timing|guards|runner|zygote|compare|kernel_env|io|_io|posix|fcntl|pty|select|selectors|"
-     r"_socket|_hashlib|hmac|operator|types)\b(?<!\bsys\b)|^[ \t]*from\s+sys\s+import\b|\b_C\b|\b__main__\b",
+     r"numpy|scipy|cupy|jax|numba|_C|__main__|timing|guards|runner|zygote|compare|screen|kernel_env|io|_io|posix|fcntl|"
+     r"pty|select|selectors|_socket|_hashlib|hmac|operator|types)\b(?<!\bsys\b)|^[ \t]*from\s+sys\s+import\b|\b_C\b|\b__main__\b",
      "imports a module or internal that reaches around the harness or computes outside your kernels "
      "(threads, processes, ctypes, importlib, sys internals, the harness's own modules, raw I/O, torch._C, "
      "numpy, ...)"),

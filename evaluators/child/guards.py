@@ -300,7 +300,7 @@ def _watched() -> dict[str, object]:
         "torch.backends.cudnn": torch.backends.cudnn, "torch.backends.cuda.matmul": torch.backends.cuda.matmul,
         "TorchDispatchMode": TorchDispatchMode,
     }
-    for name in ("timing", "guards", "runner", "compare", "zygote", "__main__"):  # __main__: zygote, in a forked child
+    for name in ("timing", "guards", "runner", "compare", "screen", "zygote", "__main__"):  # __main__: zygote, in a forked child
         module = sys.modules.get(name)
         if isinstance(module, types.ModuleType):
             watched[name] = module

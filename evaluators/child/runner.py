@@ -148,34 +148,37 @@ class Runner:
         for index, seed in enumerate(seeds):
             variant = variants[index] if variants else "as_is"
             inputs, pristine, out, extra = self._trial(seed, variant, audit_fn)
-            if audit_fn is None and variant != "as_is" and (out is None or not screen.finite(timing.flatten(out))):
+            if audit_fn is None and variant != "as_is" and (
+                    out is None or not screen.finite([t for t in timing.flatten(out) if isinstance(t, torch.Tensor)])):
                 variant, inputs, pristine, out = "as_is", None, None, None  # freed before the second call
                 inputs, pristine, out, extra = self._trial(seed, variant, audit_fn)
-            reports.append({"variant": variant})
             outputs = timing.flatten(out)
             kinds = [timing.describe(t) for t in outputs if not timing.is_plain(t)]
-            if not kinds:
-                keep(index, timing.is_sequence(out), [t.detach() for t in outputs], pristine)
+            # Before ``keep``, which may run the Model again on ``pristine`` (the reference's float32 run).
             mutated = any(
                 isinstance(a, torch.Tensor) and (a.shape != b.shape or not torch.equal(a.nan_to_num(), b.nan_to_num()))
                 for a, b in zip(inputs, pristine)
             )
-            reports[-1].update({"mutated_inputs": mutated, "non_tensor_outputs": kinds, **extra})
+            if not kinds:
+                keep(index, timing.is_sequence(out), [t.detach() for t in outputs], pristine)
+            reports.append({"variant": variant, "mutated_inputs": mutated, "non_tensor_outputs": kinds, **extra})
             del out, outputs, inputs, pristine
         return reports
 
     def _trial(self, seed: int, variant: str, audit_fn) -> tuple:
         """(inputs, a copy of them as made, the output, the audit's findings) of one trial call. A
-        reference call on a variant's inputs that raises gives the output None (see ``run_trials``)."""
-        inputs = self.make_inputs(seed, variant)
-        pristine = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+        reference call on a variant's inputs that raises (or a variant that cannot reshape them: an
+        expanded tensor, infinite bounds) gives the output None (see ``run_trials``)."""
+        fallible = audit_fn is None and variant != "as_is"
         try:
+            inputs = self.make_inputs(seed, variant)
+            pristine = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
             with torch.no_grad():
                 out, extra = audit_fn(inputs) if audit_fn else (self.model(*inputs), {})
         except Exception:
-            if audit_fn is not None or variant == "as_is":
+            if not fallible:
                 raise
-            return inputs, pristine, None, {}
+            return None, None, None, {}
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return inputs, pristine, out, extra
@@ -215,16 +218,20 @@ class Runner:
         variants = screen.trial_variants(len(req["seeds"]), allowed) if req.get("vary", True) else None
         answers = screen.TrivialAnswers(req.get("atol", 1e-2), req.get("rtol", 1e-2))
 
+        output_bytes = 0
+
         def keep(index: int, sequence: bool, outputs: list[torch.Tensor], inputs: list) -> None:
+            nonlocal output_bytes
             kept = self._kept(outputs)
             self.expected[index] = (sequence, kept)
-            answers.add(kept, inputs)
+            output_bytes += sum(t.nbytes for t in kept)
             precise = self._precise(inputs, outputs)
             if precise is not None:
-                self.precise[index] = self._kept(precise)
+                self.precise[index] = precise = self._kept(precise)
+            answers.add(kept, inputs, precise)  # a trivial answer that passes either reference counts
 
         trials = self.run_trials(req["seeds"], keep, variants=variants)
-        return {"trials": trials, "trivial": answers.reasons()}
+        return {"trials": trials, "trivial": answers.reasons(), "output_bytes": output_bytes}
 
     def _kept(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Copies (an output may be a view of an input or a buffer), on the device while it keeps a
@@ -244,7 +251,8 @@ class Runner:
         try:
             if self.model32 is None:
                 self.model32 = copy.deepcopy(self.model).float()
-            wide = [x.float() if isinstance(x, torch.Tensor) and x.dtype in _LOW_PRECISION else x for x in inputs]
+            # Copies (``float()`` of a half tensor is one): the Model may change its inputs in place.
+            wide = [(x.float() if x.dtype in _LOW_PRECISION else x.clone()) if isinstance(x, torch.Tensor) else x for x in inputs]
             with torch.no_grad():
                 got = timing.flatten(self.model32(*wide))
         except Exception:  # noqa: BLE001 - the task does not run in float32: its own run is the only reference

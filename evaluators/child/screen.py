@@ -17,11 +17,10 @@ Timing always uses the task's own inputs.
 
 **Trivial answers.** A task pays full reward to a kernel that returns a constant when its
 output is (nearly) the same for every input. ``TrivialAnswers`` watches the reference's trial
-outputs and says, for each output, which answers a candidate could give without computing
-anything would pass every trial at the evaluator's tolerance: zeros, a constant (the mean of
-the first trial's output), the first trial's output replayed for every later one, or one of
-the inputs passed through. A task every output of which some trivial answer passes cannot be
-evaluated; nor can one whose reference gives NaN or Inf.
+outputs and says, for each output, which of these answers (none computes anything) would pass
+every trial at the evaluator's tolerance: zeros, any constant, the first trial's output replayed
+for every later one, or one of the inputs passed through. A task every output of which some
+trivial answer passes cannot be evaluated; nor can one whose reference gives NaN or Inf.
 
 Imported by the evaluation children by its bare name (``import screen``), and on the host as
 ``kernel_env.evaluators.child.screen`` (the task probe screens with it too).
@@ -64,14 +63,20 @@ def task_variants(namespace: dict) -> tuple[str, ...] | None:
 def vary(inputs: list, variant: str, seed: int) -> list:
     """The task's inputs for one trial, reshaped by ``variant`` (``as_is``: unchanged). In place:
     the inputs are the trial's own, fresh from ``get_inputs()``, and a task's inputs may fill most
-    of the device (a KernelBench level-1 task's, 24 GiB of an H100's 80)."""
+    of the device (a KernelBench level-1 task's, 24 GiB of an H100's 80). A task whose
+    ``get_inputs()`` returns a tensor it keeps (a module-level one) sees it reshaped for good:
+    both processes alike, so the judgement holds, but its timing then uses the reshaped values;
+    such a task declares ``INPUT_VARIANTS = ("as_is",)``. Raises for a tensor that cannot be
+    reshaped in place (an expanded one); the trial then uses the task's own inputs."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown input variant {variant!r}")
     if variant == "as_is":
         return inputs
+    varied = set()  # storages already reshaped: an input given twice (or two views of one) is reshaped once
     with torch.no_grad():
         for x in inputs:
-            if _floating(x):
+            if _floating(x) and x.untyped_storage().data_ptr() not in varied:
+                varied.add(x.untyped_storage().data_ptr())
                 _vary_tensor(x, variant, seed)
     return inputs
 
@@ -104,49 +109,67 @@ def finite(outputs: list[torch.Tensor]) -> bool:
                for chunk in t.reshape(-1).split(_CHUNK))
 
 
-def _mean(t: torch.Tensor) -> float:
-    """The mean of a floating-point tensor in float64, chunk by chunk; 0 where it is not finite or empty."""
-    if t.numel() == 0:
-        return 0.0
-    total = sum(float(chunk.double().sum()) for chunk in t.reshape(-1).split(_CHUNK))
-    mean = total / t.numel()
-    return mean if math.isfinite(mean) else 0.0
-
-
 class TrivialAnswers:
     """Which trivial answers pass every trial seen so far (``add`` each trial's outputs, with the
-    inputs it was given, before the model ran), at the evaluator's tolerance."""
+    inputs it was given, before the model ran), at the evaluator's tolerance.
+
+    An answer passes a trial when it passes the reference's outputs or, for a half-precision task,
+    the float32 run's (``precise``): either is accepted from a candidate. Constants are tested
+    exactly: each element ``r`` admits the interval ``r ± (atol + rtol * |r|)``, and some constant
+    passes every trial when the intersection over every element and trial is not empty."""
 
     def __init__(self, atol: float, rtol: float) -> None:
         self.atol, self.rtol = atol, rtol
         self.trials = 0
         self.non_finite: int | None = None  # the first trial (1-based) whose output was not finite
         self._first: list[torch.Tensor] = []
-        self._means: list[float | None] = []  # of the first trial's outputs (the constant answer)
         self._alive: list[dict[str, bool]] = []  # per output: answer -> passed every trial so far
+        # per output, per reference (eager, then float32): the constants every element so far admits
+        self._bounds: list[list[list[float] | None]] = []
 
-    def add(self, outputs: list[torch.Tensor], inputs: list) -> None:
+    def add(self, outputs: list[torch.Tensor], inputs: list, precise: list[torch.Tensor] | None = None) -> None:
         self.trials += 1
         if self.non_finite is None and not finite(outputs):
             self.non_finite = self.trials
         if self.trials == 1:
             self._first = outputs
-            self._means = [_mean(out) if out.is_floating_point() else None for out in outputs]
             self._alive = [self._candidates(out, inputs) for out in outputs]
+            self._bounds = [[[-math.inf, math.inf], [-math.inf, math.inf]] if out.is_floating_point() else [None, None]
+                            for out in outputs]
         for index, out in enumerate(outputs[:len(self._alive)]):
+            targets = [out] + ([precise[index]] if precise is not None and index < len(precise) else [])
+            bounds = self._bounds[index]
+            for which in range(2):
+                if bounds[which] is not None:
+                    bounds[which] = self._narrowed(bounds[which], targets[which]) if which < len(targets) else None
             alive = self._alive[index]
-            for name in [n for n, ok in alive.items() if ok]:
-                alive[name] = self._passes(name, index, out, inputs)
+            alive["a constant"] = any(b is not None and b[0] <= b[1] for b in bounds)
+            for name in [n for n, ok in alive.items() if ok and n != "a constant"]:
+                alive[name] = any(self._passes(name, index, target, inputs) for target in targets)
 
     def _candidates(self, out: torch.Tensor, inputs: list) -> dict[str, bool]:
         names = ["zeros", "a constant", "the first trial's output"]
         names += [f"input {j}" for j, x in enumerate(inputs) if isinstance(x, torch.Tensor) and tuple(x.shape) == tuple(out.shape)]
         return dict.fromkeys(names, True)
 
+    def _narrowed(self, bound: list[float], target: torch.Tensor) -> list[float] | None:
+        """``bound`` intersected with the constants every element of ``target`` admits (None: none can pass)."""
+        if not target.is_floating_point():
+            return None
+        low, high = bound
+        for chunk in target.detach().reshape(-1).split(_CHUNK):
+            if not chunk.numel():
+                continue
+            wide = chunk.double()
+            tolerance = wide.abs().mul_(self.rtol).add_(self.atol)
+            low = max(low, float((wide - tolerance).max()))
+            high = min(high, float((wide + tolerance).min()))
+        return [low, high]
+
     def _passes(self, name: str, index: int, out: torch.Tensor, inputs: list) -> bool:
         """Whether the answer ``name`` passes ``out`` (the comparison's rule, ``compare.py``), chunk by chunk."""
         first = self._first[index]
-        if (name == "a constant" and self._means[index] is None) or (name == "the first trial's output" and first.shape != out.shape):
+        if name == "the first trial's output" and first.shape != out.shape:
             return False
         source = first if name == "the first trial's output" else inputs[int(name[6:])] if name.startswith("input ") else None
         flat = out.reshape(-1)
@@ -156,7 +179,7 @@ class TrivialAnswers:
             if source_flat is not None:
                 answer = source_flat[start:start + _CHUNK].to(device=out.device, dtype=out.dtype)
             else:
-                answer = torch.full_like(expected, self._means[index] if name == "a constant" else 0)
+                answer = torch.zeros_like(expected)
             if not compare.compare_outputs(0, expected, answer, self.atol, self.rtol).correct:
                 return False
         return True
@@ -182,7 +205,8 @@ class TrivialAnswers:
 
     def _describe(self, name: str, index: int) -> str:
         if name == "a constant":
-            return f"the constant {self._means[index]:.4g}"
+            low, high = next(b for b in self._bounds[index] if b is not None and b[0] <= b[1])
+            return f"the constant {(low + high) / 2:.4g}"
         if name == "the first trial's output":
             return "the first trial's output for every input (the output barely depends on its inputs)"
         return f"{name} unchanged" if name.startswith("input") else name

@@ -181,8 +181,8 @@ def _screen(namespace: dict, atol: float, rtol: float) -> dict:
         used, warnings = [], []
         for index, variant in enumerate(screen.trial_variants(_SCREEN_TRIALS, allowed)):
             seed = 1000 + index
-            inputs = inputs_for(seed, variant)
             try:
+                inputs = inputs_for(seed, variant)
                 outputs = run(inputs)
             except Exception as exc:  # noqa: BLE001 - outside the task's domain: its own inputs, as the evaluation does
                 outputs = None

@@ -56,7 +56,8 @@ def validate_task(task: Task, *, timeout: float = 180.0, allow_trivial: bool = F
         raise TaskError(f"task {task.id}: {report['error']}")
     screen = report.get("screen") or {}
     if screen.get("refused") and not allow_trivial:
-        raise TaskError(f"task {task.id}: refused, a trivial answer passes it: {'; '.join(screen['refused'])} "
+        what = "" if screen["refused"][0].startswith("the reference's output is not finite") else "a trivial answer passes it: "
+        raise TaskError(f"task {task.id}: refused, {what}{'; '.join(screen['refused'])} "
                         "(allow_trivial / --allow-trivial takes it anyway)")
     return TaskInfo(inputs=report["inputs"], outputs=report["outputs"], init_inputs=report["init_inputs"],
                     screened=bool(screen), trivial=screen.get("refused", []), warnings=screen.get("warnings", []))
