@@ -75,13 +75,13 @@ def vary(inputs: list, variant: str, seed: int) -> list:
     varied = set()  # storages already reshaped: an input given twice (or two views of one) is reshaped once
     with torch.no_grad():
         for x in inputs:
-            if _floating(x) and x.untyped_storage().data_ptr() not in varied:
+            if floating(x) and x.untyped_storage().data_ptr() not in varied:
                 varied.add(x.untyped_storage().data_ptr())
                 _vary_tensor(x, variant, seed)
     return inputs
 
 
-def _floating(x) -> bool:
+def floating(x) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1
 
 

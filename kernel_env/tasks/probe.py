@@ -156,7 +156,7 @@ class _Failure(Exception):
 
 
 def _screen(namespace: dict, atol: float, rtol: float) -> dict:
-    """The evaluation's screen, run here on the CPU: ``{"refused": [...], "warnings": [...], "variants": [...]}``."""
+    """The evaluation's screen, run here on the CPU: ``{"refused": [...], "warnings": [...]}``."""
     import torch
 
     from kernel_env.evaluators.child import screen
@@ -178,36 +178,34 @@ def _screen(namespace: dict, atol: float, rtol: float) -> dict:
             return [t.detach() for t in (out if isinstance(out, (list, tuple)) else [out])]
 
         answers = screen.TrivialAnswers(atol, rtol)
-        used, warnings = [], []
+        warnings = []
         for index, variant in enumerate(screen.trial_variants(_SCREEN_TRIALS, allowed)):
             seed = 1000 + index
-            try:
-                inputs = inputs_for(seed, variant)
+            outputs = None
+            if variant != "as_is":
+                try:
+                    inputs = inputs_for(seed, variant)
+                    outputs = run(inputs)
+                except Exception as exc:  # noqa: BLE001 - outside the task's domain: its own inputs, as the evaluation does
+                    warnings.append(f"the input variant {variant!r} makes the reference raise ({type(exc).__name__}), so "
+                                    "that trial uses the task's own inputs; where this is an index out of range, on a GPU "
+                                    "it is a device-side assert that ends every evaluation: name the variants the task "
+                                    "accepts in INPUT_VARIANTS (docs/tasks.md)")
+            if outputs is None or not screen.finite(outputs):
+                inputs = inputs_for(seed, "as_is")
                 outputs = run(inputs)
-            except Exception as exc:  # noqa: BLE001 - outside the task's domain: its own inputs, as the evaluation does
-                outputs = None
-                warnings.append(f"the input variant {variant!r} makes the reference raise ({type(exc).__name__}), so that "
-                                "trial uses the task's own inputs; where this is an index out of range, on a GPU it is a "
-                                "device-side assert that ends every evaluation: name the variants the task accepts in "
-                                "INPUT_VARIANTS (docs/tasks.md)")
-            if variant != "as_is" and (outputs is None or not screen.finite(outputs)):
-                variant, inputs = "as_is", inputs_for(seed, "as_is")
-                outputs = run(inputs)
-            if outputs is None:
-                outputs = run(inputs)
-            used.append(variant)
             answers.add(outputs, inputs)
         base, fresh = inputs_for(1000, "as_is"), inputs_for(2000, "as_is")  # another draw: in the task's domain
         expected = run(base)
         for j, (x, y) in enumerate(zip(base, fresh)):
-            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1 and not torch.equal(x, y):
+            if screen.floating(x) and not torch.equal(x, y):
                 try:
                     changed = run([y if k == j else v for k, v in enumerate(base)])
                 except Exception:  # noqa: BLE001 - the inputs belong together (shapes, ranges): nothing to say
                     continue
                 if all(torch.equal(a, b) for a, b in zip(expected, changed)):
                     warnings.append(f"the output does not depend on input {j} (changing it changed nothing)")
-    return {"refused": answers.reasons(), "warnings": warnings, "variants": used}
+    return {"refused": answers.reasons(), "warnings": warnings}
 
 
 class _FakeUnsupported(Exception):
