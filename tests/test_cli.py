@@ -275,12 +275,44 @@ def test_the_metrics_table_fits_80_columns_with_every_number_whole(tmp_path, ter
         assert lines[note].endswith("(no reward).") and "1.05x by default" in lines[note]
 
 
-def test_on_off_flags_have_no_value_placeholder_in_help():
+@pytest.mark.parametrize("terminal", [True, False])
+def test_on_off_flags_have_no_value_placeholder_in_help(terminal):
     for command, flag in ((["doctor"], "--no-grade"), (["run-task"], "--no-keep"), (["eval"], "--json"),
                           (["synth", "stats"], "--json"), ([], "--version")):
-        result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "120"})
+        result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "120", "TTY_COMPATIBLE": str(int(terminal))})
         assert result.exit_code == 0, result.output
-        assert flag in result.stdout and "<bool>" not in result.stdout, result.stdout
+        text = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)  # a terminal's styles
+        assert flag in text and "<bool>" not in text, text
+
+
+def test_help_in_a_pipe_keeps_each_option_on_its_line_and_panels_on_a_terminal():
+    piped = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "80", "TTY_COMPATIBLE": "0"}).stdout
+    device = next(line for line in piped.splitlines() if line.lstrip().startswith("--device"))
+    assert device.endswith("Where code is run and timed (default: cuda if there is a GPU, else cpu)."), piped
+    assert "╭" not in piped and "\\[" not in piped
+    terminal = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "80", "TTY_COMPATIBLE": "1"}).stdout
+    terminal = re.sub(r"\x1b\[[0-9;]*m", "", terminal)
+    assert "─ Options ─" in terminal and max(map(len, terminal.splitlines())) <= 80, terminal
+
+
+def test_a_usage_error_in_a_pipe_is_plain_lines():
+    result = runner.invoke(app, ["eval", "examples", "extra"], env={"TTY_COMPATIBLE": "0"})
+    assert result.exit_code == 2
+    assert "Error: Got unexpected extra argument(s) (extra)" in result.output and "╭" not in result.output, result.output
+
+
+@pytest.mark.parametrize("command", [["eval", "examples"], ["generate", "--tasks", "examples"]])
+def test_a_missing_model_server_is_reported_before_torch_is_imported(command, tmp_path):
+    """The server check is the first thing a long run does that could fail on a fresh machine: it
+    comes before the seconds torch takes to import (a refused connection in well under a second)."""
+    code = ("import sys\nfrom kernel_env.cli import app\n"
+            f"try:\n    app({[*command, '--base-url', 'http://127.0.0.1:9/v1']!r})\n"
+            "except SystemExit as exc:\n    print('exit', exc.code, 'torch' in sys.modules)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                         env={**os.environ, "KERNEL_ENV_HOME": str(tmp_path)})
+    assert run.stdout.strip() == "exit 2 False", run.stdout + run.stderr
+    assert "cannot reach the model server at http://127.0.0.1:9/v1 (ConnectError" in run.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing is written when a run fails before it starts"
 
 
 def _drive_in_a_terminal(argv: list[str], env: dict, dialogue: list[tuple[str, bytes]], timeout: float = 30) -> tuple[str, int]:

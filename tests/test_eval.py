@@ -296,8 +296,12 @@ def test_an_address_without_v1_is_tried_with_it_and_a_wrong_one_names_the_fix():
     (["--device", "cpu", "--language", "cuda"], "cuda kernels need a CUDA GPU"),
 ])
 def test_bad_options_are_usage_errors(tmp_path, args, message):
-    result = runner.invoke(app, ["eval", str(tiny_tasks(tmp_path, "a")), "--base-url", "http://127.0.0.1:9/v1",
-                                 "--output", str(tmp_path / "run.jsonl"), *args])
+    """Each is reported before any episode, the server answering (its check comes before the
+    device's, which needs torch) or not (the checks that need neither come first)."""
+    with ScriptedLLM(lambda request: Reply(tool_calls=[call("Finish")])) as llm:
+        result = runner.invoke(app, ["eval", str(tiny_tasks(tmp_path, "a")), "--base-url", llm.base_url,
+                                     "--output", str(tmp_path / "run.jsonl"), *args])
+        assert llm.requests == []
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "run.jsonl").exists(), "a usage error wrote the output"
 

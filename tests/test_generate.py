@@ -155,8 +155,12 @@ def test_a_finished_trace_is_on_disk_before_add_returns_and_a_crash_journal_is_f
 def test_an_output_that_is_not_a_trace_list_is_refused(tmp_path):
     output = tmp_path / "traces.json"
     output.write_text('{"not": "a list"}')
-    result = runner.invoke(app, ["generate", "--tasks", str(tasks_file(tmp_path, "a")), "-o", str(output)])
+    with ScriptedLLM(lambda request: Reply(content="unused")) as llm:
+        result = runner.invoke(app, ["generate", "--tasks", str(tasks_file(tmp_path, "a")), "-o", str(output),
+                                     "--base-url", llm.base_url])
+        assert llm.requests == []
     assert result.exit_code == 2 and "not a list of traces" in result.output, result.output
+    assert output.read_text() == '{"not": "a list"}'
 
 
 # ============================================================================ the loop

@@ -21,6 +21,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 import kernel_env  # noqa: E402
 from kernel_env.cli import app  # noqa: E402
+from kernel_env.cli.openhands import _litellm_model  # noqa: E402
 from kernel_env.evaluators.records import EvalSettings  # noqa: E402
 from kernel_env.integrations.openhands import KERNEL_TOOL_NAMES, KERNEL_TOOLS, KernelWorkspace  # noqa: E402
 from kernel_env.resources import example_dir  # noqa: E402
@@ -103,6 +104,21 @@ def test_an_openhands_agent_run_gets_the_reward_run_solution_gives_for_the_same_
                                               device="cpu", settings=SETTINGS)
     assert build.ok and expected.correct
     assert final["reward"] == final["episode_reward"] == expected.reward == 1.0
+
+
+def test_the_model_server_and_model_are_checked_before_the_agent_starts(relu_add_task, tmp_path):
+    with ScriptedLLM(scripted_turn) as llm:
+        wrong = CliRunner().invoke(app, ["openhands", str(relu_add_task), "--model", "gpt-nope", "--base-url",
+                                         llm.base_url, "--language", "cpp", "--device", "cpu",
+                                         "--output", str(tmp_path / "run")])
+        root = llm.base_url.removesuffix("/v1")
+        assert _litellm_model("scripted-model", root, "EMPTY") == ("openai/scripted-model", llm.base_url)
+        assert _litellm_model("openai/scripted-model", root, "EMPTY") == ("openai/scripted-model", llm.base_url)
+        assert _litellm_model("anthropic/claude-x", root, "EMPTY") == ("anthropic/claude-x", root)  # litellm's to reach
+        assert llm.requests == []  # no chat call: only the model list was read
+    assert wrong.exit_code == 2, wrong.output
+    assert "does not serve 'gpt-nope'; it serves scripted-model" in wrong.output
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_workspace_runs_commands_and_file_transfers_in_the_sandbox(relu_add_task, tmp_path):

@@ -128,6 +128,7 @@ def test_a_task_file_resolves_as_the_loaders_read_it_even_under_examples(monkeyp
     monkeypatch.chdir(example_dir("relu_add").parent.parent)
     (listed,) = load_tasks("examples/relu_add/task.py")
     assert resolve_task("examples/relu_add/task.py") == listed
+    assert (listed.id, listed.name) == ("file/relu_add", "relu_add")  # a task.py is named after its folder
     assert listed.code == resolve_task("example/relu_add").code
     # Named from elsewhere, the bundled example's path is still the bundled example.
     monkeypatch.chdir("/")

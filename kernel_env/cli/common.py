@@ -72,6 +72,19 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     raise typer.Exit(code)
 
 
+def check_server(base_url: str, model: str | None, api_key: str, *, serve_hint: str):
+    """The model server a long run (eval, generate) will ask, checked first: one quick request,
+    before the run imports torch or writes anything, so a server that is not there is reported in
+    well under a second. Returns the ``Server`` (the address that answered, the model to ask);
+    fails as a usage error with ``connect``'s message."""
+    from kernel_env.workloads.llm import RunError, connect
+
+    try:
+        return connect(base_url, model, api_key=api_key, serve_hint=serve_hint)
+    except RunError as exc:
+        fail(str(exc))
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
@@ -79,9 +92,14 @@ def print_json(data: Any) -> None:
 # ----------------------------------------------------------------------------- help
 
 
-class _OnOffFlags:
-    """Help that shows an on/off flag as just its name(s): typer writes a ``<bool>`` placeholder
-    beside ``--json`` or ``--grade/--no-grade``, as if they took a value."""
+class _Help:
+    """Help that reads well on a terminal and in a pipe.
+
+    On a terminal typer's rich panels, wrapped at its width. Elsewhere click's plain layout with
+    no width limit: each option's help stays on the option's line, so
+    ``kernel-env eval --help | grep device`` finds it whole. An on/off flag shows just its
+    name(s): typer writes a ``<bool>`` placeholder beside ``--json`` or ``--grade/--no-grade``,
+    as if they took a value."""
 
     def get_params(self, ctx):
         params = super().get_params(ctx)
@@ -90,13 +108,29 @@ class _OnOffFlags:
                 param.metavar = ""
         return params
 
+    def format_help(self, ctx, formatter):
+        if out.is_terminal:
+            return super().format_help(ctx, formatter)
+        formatter.width = UNWRAPPED_WIDTH
+        markup, self.rich_markup_mode = self.rich_markup_mode, None  # typer's switch to the plain layout
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            self.rich_markup_mode = markup
 
-class Command(_OnOffFlags, TyperCommand):
+
+class Command(_Help, TyperCommand):
     """The class of every kernel-env command (``app.command(name, cls=Command)``)."""
 
 
-class Group(_OnOffFlags, TyperGroup):
-    """The class of kernel-env and its command groups (``typer.Typer(cls=Group)``)."""
+class Group(_Help, TyperGroup):
+    """The class of kernel-env and its command groups (``typer.Typer(cls=Group)``). A usage error
+    is typer's red panel on a terminal, click's plain lines elsewhere (never wrapped)."""
+
+    def main(self, *args, **kwargs):
+        if not err.is_terminal:
+            self.rich_markup_mode = None
+        return super().main(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- progress

@@ -25,6 +25,7 @@ from kernel_env.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     ObservedPool,
+    check_server,
     end_of_run,
     err,
     fail,
@@ -36,7 +37,7 @@ from kernel_env.cli.common import (
 )
 from kernel_env.cli.sources import select, source_or_task
 from kernel_env.config import DEFAULT_SANDBOX
-from kernel_env.workloads.llm import DEFAULT_BASE_URL
+from kernel_env.workloads.llm import DEFAULT_BASE_URL, TOOL_SERVE_HINT
 
 
 def eval_command(
@@ -66,21 +67,24 @@ def eval_command(
     as_json: options.Json = False,
 ) -> None:
     """Evaluate a tool-calling model as a KernelAgent-v0 agent over a task set: pass rate, faster rates, geomean speed-ups."""
-    from kernel_env.runtime.pool import default_pool
-    from kernel_env.workloads.agent_eval import AgentRunConfig, EvalRunError, run_agent_eval
-
     _check_stdout(as_json, markdown_path)
+    settings = options.parse_settings(settings_json)
     selected = select(source_or_task(source), level=level, name=name, sample=sample, seed=seed, count=count)
     if not selected:
         fail(f"task source {source}: no task matches the filters")
     done = {r.task_id for r in (_read_run(output) if output.is_file() else []) if r.stop != "error"}
+    server = check_server(base_url, model, api_key, serve_hint=TOOL_SERVE_HINT)
+
+    from kernel_env.runtime.pool import default_pool  # torch, after the checks that need none
+    from kernel_env.workloads.agent_eval import AgentRunConfig, EvalRunError, run_agent_eval
+
     progress = _EvalProgress(total=sum(task.id not in done for task in selected), quiet=as_json,
                              title=f"{len(selected)} tasks, {concurrency} at a time")
-    config = AgentRunConfig(base_url=base_url, model=model, api_key=api_key,
+    config = AgentRunConfig(base_url=server.base_url, model=server.model, api_key=api_key,
                             language=language.value if language else None, device=device.value if device else None,
                             sandbox=sandbox.value, max_turns=max_turns, concurrency=concurrency,
                             temperature=temperature, max_tokens=max_tokens, request_timeout=request_timeout,
-                            settings=options.parse_settings(settings_json),
+                            settings=settings,
                             pool=ObservedPool(default_pool(), progress.evaluation))  # the pool tells the progress
     with progress:
         try:

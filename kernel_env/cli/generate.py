@@ -19,6 +19,7 @@ from rich.markup import escape
 from kernel_env.cli import options
 from kernel_env.cli.common import (
     EXIT_INTERRUPTED,
+    check_server,
     end_of_run,
     err,
     fail,
@@ -30,7 +31,7 @@ from kernel_env.cli.common import (
 )
 from kernel_env.config import DEFAULT_SANDBOX
 from kernel_env.tasks import TaskError
-from kernel_env.workloads.llm import DEFAULT_BASE_URL
+from kernel_env.workloads.llm import DEFAULT_BASE_URL, SERVE_HINT
 
 
 def generate(
@@ -64,7 +65,13 @@ def generate(
     as_json: options.Json = False,
 ) -> None:
     """Generate refine-loop traces (SFT data) with a model behind an OpenAI-compatible server."""
-    from kernel_env.workloads.generate import (
+    if kernelbench is None and kernelbook is None and tasks_spec is None:
+        fail("no samples: give --kernelbench DIR, --kernelbook FILE.jsonl and/or --tasks SPEC")
+    if pool not in ("local", "ray"):
+        fail(f"unknown --pool {pool!r}; choose local or ray")
+    server = check_server(base_url, model, api_key, serve_hint=SERVE_HINT)
+
+    from kernel_env.workloads.generate import (  # torch, after the checks that need none
         GenerateConfig,
         GenerateError,
         TraceStore,
@@ -72,10 +79,6 @@ def generate(
         select_tasks,
     )
 
-    if kernelbench is None and kernelbook is None and tasks_spec is None:
-        fail("no samples: give --kernelbench DIR, --kernelbook FILE.jsonl and/or --tasks SPEC")
-    if pool not in ("local", "ray"):
-        fail(f"unknown --pool {pool!r}; choose local or ray")
     try:
         selected = select_tasks(kernelbench=kernelbench, kernelbook=kernelbook, tasks=tasks_spec,
                                 kernelbench_samples=kernelbench_samples, kernelbook_samples=kernelbook_samples, seed=seed)
@@ -83,7 +86,7 @@ def generate(
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot read the samples: {exc}")
-    config = GenerateConfig(base_url=base_url, model=model, api_key=api_key, multi_turn=multi_turn, max_turns=max_turns,
+    config = GenerateConfig(base_url=server.base_url, model=server.model, api_key=api_key, multi_turn=multi_turn, max_turns=max_turns,
                             batch_size=batch_size, max_active=max_active, language=language.value if language else None,
                             device=device.value if device else None, sandbox=sandbox.value, pool=pool,
                             temperature=temperature, max_tokens=max_tokens, request_timeout=request_timeout)

@@ -24,6 +24,7 @@ from kernel_env.cli.common import (
     EXIT_USAGE,
     ObservedPool,
     Phases,
+    check_server,
     err,
     fail,
     out,
@@ -32,13 +33,13 @@ from kernel_env.cli.common import (
 )
 from kernel_env.cli.sources import resolve
 from kernel_env.config import DEFAULT_SANDBOX
-from kernel_env.workloads.llm import DEFAULT_BASE_URL
+from kernel_env.workloads.llm import DEFAULT_BASE_URL, TOOL_SERVE_HINT, RunError, ServerUnreachable, connect
 
 
 def openhands(
     task: options.TaskSpec,
-    model: str = typer.Option(..., "--model", help="The model as the server names it; without a litellm provider "
-                                                   "prefix, 'openai/' is added (an OpenAI-compatible server)."),
+    model: str = typer.Option(..., "--model", help="The model as the server lists it (checked at start), or a "
+                                                   "litellm provider's model (anthropic/...)."),
     base_url: options.BaseUrl = DEFAULT_BASE_URL,
     api_key: options.ApiKey = "EMPTY",
     language: options.LanguageOrAuto = None,
@@ -69,8 +70,9 @@ def openhands(
         fail(f"the OpenHands plug-in needs its extra ({exc.name or exc} is missing): pip install 'kernel_env[openhands]'")
     settings = options.parse_settings(settings_json)
     spec = resolve(task, kernelbench)
+    model, base_url = _litellm_model(model, base_url, api_key)
     # OpenHands takes whole seconds.
-    llm = LLM(model=_litellm_model(model), base_url=base_url, api_key=SecretStr(api_key), usage_id="kernel-env",
+    llm = LLM(model=model, base_url=base_url, api_key=SecretStr(api_key), usage_id="kernel-env",
               temperature=temperature, timeout=math.ceil(request_timeout), num_retries=2)
     visualize = out.is_terminal and not as_json  # OpenHands' own rendering of each event
     try:
@@ -121,9 +123,24 @@ class _StepLines:
             self.phases.note(f"step {self.steps}: {tool}" + (f" ({summary})" if summary else ""))
 
 
-def _litellm_model(model: str) -> str:
-    """litellm's name for ``model``: kept when it starts with a litellm provider, else 'openai/' + model."""
+def _litellm_model(model: str, base_url: str, api_key: str) -> tuple[str, str]:
+    """litellm's name for ``model`` and the address to ask. A model with a litellm provider's prefix
+    (``anthropic/...``) is that provider's to reach. Any other is asked of the OpenAI-compatible
+    server at ``base_url``, checked first as eval checks it (it answers, ``/v1`` added where the
+    address lacks it, the model is one it lists), and named ``openai/`` + model: litellm takes the
+    prefix off, so a listed ``openai/gpt-oss-120b`` is asked as itself. ``openai/NAME`` where the
+    server lists NAME is that."""
     import litellm
 
     provider = model.split("/", 1)[0] if "/" in model else ""
-    return model if provider in litellm.provider_list else f"openai/{model}"
+    if provider in litellm.provider_list and provider != "openai":
+        return model, base_url
+    try:
+        server = connect(base_url, model, api_key=api_key, serve_hint=TOOL_SERVE_HINT)
+    except ServerUnreachable as exc:
+        fail(str(exc))
+    except RunError as exc:
+        if provider != "openai":
+            fail(str(exc))
+        server = check_server(base_url, model.removeprefix("openai/"), api_key, serve_hint=TOOL_SERVE_HINT)
+    return f"openai/{server.model}", server.base_url

@@ -79,9 +79,8 @@ RequestTimeout = Annotated[float, typer.Option("--request-timeout", min=1.0, hel
 # ----------------------------------------------------------------------------- output
 
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for machines) instead of tables.")]
-# "\[" keeps rich from reading [eval] as markup in --help.
 Plot = Annotated[Path | None, typer.Option(
-    "--plot", help="Save the speed-up distribution here (PNG; needs matplotlib: pip install 'kernel_env\\[eval]').")]
+    "--plot", help="Save the speed-up distribution here (PNG; needs matplotlib, in the eval extra).")]
 Markdown = Annotated[Path | None, typer.Option(
     "--markdown", help="Write the metrics as markdown tables here ('-': stdout).")]
 

@@ -7,7 +7,6 @@ sets (``sources.py``). Loading never executes task code (``validate.py`` does, i
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from collections.abc import Iterable
@@ -23,14 +22,18 @@ from kernel_env.tasks.task import Task, TaskError
 
 
 def load_task_file(path: str | Path, *, source: str = "file", task_id: str | None = None) -> Task:
+    """The task of one .py file, ``{source}/{stem}`` unless ``task_id`` names it. A file called
+    task.py (a task folder's layout, as in examples/) is named after its folder: two task folders
+    give two ids, and a run file keyed by id keeps them apart."""
     path = Path(path)
     try:
         code = path.read_text()
     except OSError as exc:
         raise TaskError(f"task {task_id or path}: cannot read {path}: {exc.strerror}") from None
     level = _level_from_path(path)
-    problem_id, name = _split_problem_name(path.stem)
-    task = Task(id=task_id or f"{source}/{path.stem}", code=code, source=source, name=name, level=level, problem_id=problem_id)
+    stem = path.resolve().parent.name if path.stem == "task" else path.stem
+    problem_id, name = _split_problem_name(stem)
+    task = Task(id=task_id or f"{source}/{stem}", code=code, source=source, name=name, level=level, problem_id=problem_id)
     task.check_source()
     return task
 
@@ -143,8 +146,7 @@ def _example_task(name: str) -> Task:
     if not path.is_file():
         known = ", ".join(sorted(p.parent.name for p in data_dir("examples").glob("*/task.py")))
         raise TaskError(f"task example/{name}: no such bundled example (known: {known})")
-    task = load_task_file(path, source="example", task_id=f"example/{name}")
-    return dataclasses.replace(task, name=name)  # the folder names an example; every file is task.py
+    return load_task_file(path, source="example", task_id=f"example/{name}")
 
 
 def _split_problem_name(stem: str) -> tuple[int | None, str]:

@@ -62,6 +62,7 @@ from kernel_env.runtime.pool import GpuPool
 from kernel_env.tasks import Task
 from kernel_env.workloads.llm import (
     DEFAULT_BASE_URL,
+    TOOL_SERVE_HINT,
     NoChoices,
     RunError,
     RunSummary,
@@ -253,7 +254,7 @@ async def run_agent_eval(tasks: Iterable[Task], config: AgentRunConfig, output: 
     summary = EvalSummary(selected=len(tasks), skipped=len(tasks) - len(todo))
     # Nothing is written until the server has answered: a run that cannot start leaves no file.
     server = await asyncio.to_thread(connect, config.base_url, config.model, api_key=config.api_key,
-                                     serve_hint="vllm serve MODEL --enable-auto-tool-choice --tool-call-parser ...")
+                                     serve_hint=TOOL_SERVE_HINT)
     summary.model, summary.base_url = server.model, server.base_url
     config = dataclasses.replace(config, base_url=server.base_url, model=server.model, language=language, device=device)
     try:

@@ -69,6 +69,7 @@ from kernel_env.sandbox import SandboxError
 from kernel_env.tasks import Task, TaskError, load_jsonl, load_kernelbench, load_tasks
 from kernel_env.workloads.llm import (
     DEFAULT_BASE_URL,
+    SERVE_HINT,
     NoChoices,
     RunError,
     RunSummary,
@@ -362,7 +363,7 @@ async def generate(tasks: Iterable[Task], config: GenerateConfig, store: TraceSt
     todo = deque(task for task in tasks if task.id not in store.finished)
     summary.skipped = len(tasks) - len(todo)
     server = await asyncio.to_thread(connect, config.base_url, config.model, api_key=config.api_key,
-                                     serve_hint="vllm serve MODEL")
+                                     serve_hint=SERVE_HINT)
     summary.model, summary.base_url = server.model, server.base_url
     config = _with_pool(dataclasses.replace(config, base_url=server.base_url, model=server.model, language=language,
                                             device=device))
@@ -430,7 +431,7 @@ class _Run:
             raise ServerUnreachable(f"the model server at {self.config.base_url} stopped answering "
                                     f"({why(unreachable)}); finished traces are kept: rerun to resume")
         for reply in replies:
-            if isinstance(reply, BaseException) and not isinstance(reply, openai.OpenAIError):
+            if isinstance(reply, BaseException) and not isinstance(reply, (openai.OpenAIError, NoChoices)):
                 raise reply
         answered = [(item, reply) for item, reply in zip(batch, replies) if not isinstance(reply, BaseException)]
         steps = await asyncio.gather(*(item.env.astep(reply) for item, reply in answered))

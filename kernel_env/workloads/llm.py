@@ -3,8 +3,9 @@ default address (``synth --composer llm`` takes it too), ``connect`` (checking t
 answers, fast, and choosing the model to ask), the errors that end a run or fail a model call,
 and the counts every run summary starts with.
 
-This module talks to a server only to list its models; asking for completions, and what a run
-does with them, belong to the workloads.
+This module talks to a server only to list its models, with httpx (not the openai client, whose
+import alone takes most of a second); asking for completions, and what a run does with them,
+belong to the workloads.
 """
 
 from __future__ import annotations
@@ -12,10 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
-import openai
 
 #: Where a local vLLM server listens by default: the default of every --base-url.
 DEFAULT_BASE_URL = "http://localhost:8000/v1"
+
+#: How to start a server, for the message that none answers: one for completions (generate),
+#: one for tool-calling agents (eval).
+SERVE_HINT = "vllm serve MODEL"
+TOOL_SERVE_HINT = "vllm serve MODEL --enable-auto-tool-choice --tool-call-parser ..."
 
 
 class RunError(RuntimeError):
@@ -26,7 +31,7 @@ class ServerUnreachable(RunError):
     """The model server does not answer at its address."""
 
 
-class NoChoices(openai.OpenAIError):
+class NoChoices(RuntimeError):
     """The server answered a chat completion without any choice (a failed model call, like an HTTP error)."""
 
 
@@ -77,31 +82,40 @@ def connect(base_url: str, model: str | None, *, api_key: str = "EMPTY", serve_h
     candidates = [base_url]
     if not base_url.rstrip("/").endswith("/v1"):
         candidates.append(base_url.rstrip("/") + "/v1")
-    for url in candidates:
-        client = openai.OpenAI(base_url=url, api_key=api_key, max_retries=0,
-                               timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S)))
-        try:
-            names = [entry.id for entry in client.models.list().data]
-        except openai.APIConnectionError as exc:
-            raise ServerUnreachable(f"cannot reach the model server at {base_url} ({why(exc)}); start it "
-                                    f"(for example `{serve_hint}`) or point --base-url at it") from None
-        except openai.APIStatusError as exc:
-            if exc.status_code == 404 and url != candidates[-1]:
+    headers = {"Authorization": f"Bearer {api_key}"}
+    with httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S)), headers=headers) as client:
+        for url in candidates:
+            try:
+                response = client.get(url.rstrip("/") + "/models")
+            except httpx.HTTPError as exc:
+                raise ServerUnreachable(f"cannot reach the model server at {base_url} ({type(exc).__name__}: "
+                                        f"{exc}); start it (for example `{serve_hint}`) or point --base-url at "
+                                        f"it") from None
+            if response.status_code == 404 and url != candidates[-1]:
                 continue  # no /v1 in the address: try it with one
-            if exc.status_code in (401, 403):
-                raise RunError(f"the model server at {url} refused the API key (HTTP {exc.status_code}); pass the "
-                               f"right one with --api-key or $OPENAI_API_KEY") from None
-            if model:
-                return Server(base_url, model)  # a server without a model list can still answer chat completions
-            tried = " or ".join(f"{u.rstrip('/')}/models" for u in candidates[:candidates.index(url) + 1])
-            fix = (f"is the address right? OpenAI-compatible servers (vLLM, SGLang) serve under /v1, as in "
-                   f"{DEFAULT_BASE_URL}; " if exc.status_code == 404 else "")
-            raise RunError(f"the model server at {base_url} did not list its models at {tried} "
-                           f"(HTTP {exc.status_code}); {fix}name the model with --model") from None
-        finally:
-            client.close()
-        return Server(url, _chosen(url, model, names))
+            if response.status_code in (401, 403):
+                raise RunError(f"the model server at {url} refused the API key (HTTP {response.status_code}); pass "
+                               f"the right one with --api-key or $OPENAI_API_KEY")
+            names = _listed(response)
+            if names is None:
+                if model:
+                    return Server(base_url, model)  # a server without a model list can still answer chat completions
+                tried = " or ".join(f"{u.rstrip('/')}/models" for u in candidates[:candidates.index(url) + 1])
+                fix = (f"is the address right? OpenAI-compatible servers (vLLM, SGLang) serve under /v1, as in "
+                       f"{DEFAULT_BASE_URL}; " if response.status_code == 404 else "")
+                raise RunError(f"the model server at {base_url} did not list its models at {tried} "
+                               f"(HTTP {response.status_code}); {fix}name the model with --model")
+            return Server(url, _chosen(url, model, names))
     raise AssertionError("unreachable: the last candidate returns or raises")
+
+
+def _listed(response: httpx.Response) -> list[str] | None:
+    """The model ids of an answer to GET /models, or None where it is not a model list."""
+    try:
+        entries = response.json()["data"] if response.is_success else None
+        return [entry["id"] for entry in entries] if isinstance(entries, list) else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _chosen(base_url: str, model: str | None, names: list[str]) -> str:
