@@ -27,6 +27,12 @@ evaluation during the episode (the agent's ``utils.verification`` / ``utils.prof
 reaches it, and settles the difference at the end, so the total is the same. This module decides
 when a reward is paid, never how much a result is worth: that is ``paid_reward``'s.
 
+A trainer's own budget (the context's tokens, wall time) ends an episode with ``truncate(reason)``:
+the final evaluation runs and pays as at the turn limit. The episode's accounting is
+``info["rollout"]`` at its end (``env.rollout`` at any time): the calls by tool, tool errors,
+invalid and repeated calls (the filters of rejection fine-tuning), and the seconds spent in the
+model (between an observation and the next action), tools, builds and trusted evaluations.
+
 ``step`` blocks while the agent's commands run (a verification waits for the GPU pool); the
 ``areset`` / ``astep`` coroutines run it on a thread of a large shared pool, so one event loop
 drives hundreds of episodes.
@@ -34,9 +40,18 @@ drives hundreds of episodes.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kernel_env.envs.common import ENDED, EpisodeEnv, ModelOutputSpace, TextSpace
+from kernel_env.envs.common import ENDED, EpisodeEnv, ModelOutputSpace, TextSpace, in_thread
 from kernel_env.evaluators.records import EvalResult, EvalSettings
 from kernel_env.evaluators.report import model_report
 from kernel_env.evaluators.reward import RewardKind, paid_reward
@@ -44,7 +59,7 @@ from kernel_env.resources import skill_file
 from kernel_env.runtime.episode import Selection
 from kernel_env.runtime.pool import GpuPool
 from kernel_env.tasks import Task
-from kernel_env.tools import ToolBox, ToolResult, parse_tool_calls
+from kernel_env.tools import ToolBox, ToolCall, ToolResult, parse_tool_calls
 
 MAX_OBSERVATION_CHARS = 200_000
 
@@ -112,10 +127,15 @@ class KernelAgentEnv(EpisodeEnv):
 
     def _reset_state(self) -> None:
         super()._reset_state()
-        self.invalid_calls = 0
+        self.rollout = Rollout()
         self.paid = 0.0
         self.final: EvalResult | None = None
         self._seen_results = 0
+        self._answered = time.monotonic()  # when the agent last got an observation
+
+    @property
+    def invalid_calls(self) -> int:
+        return self.rollout.invalid_calls
 
     # ------------------------------------------------------------------ gymnasium API
 
@@ -127,12 +147,14 @@ class KernelAgentEnv(EpisodeEnv):
             "workspace_host_path": str(self.episode.workspace.path), "tools": self.toolbox.schemas(),
             "max_turns": self.max_turns, "turn": 0,
         }
+        self._answered = time.monotonic()
         return self._prompt(), info
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Run the action's tool calls in order; never raises for anything the agent sends."""
         if self.done or self.episode is None:
             return ENDED, 0.0, True, False, self._info([])
+        self.rollout.model_s += time.monotonic() - self._answered
         self.turn += 1
         results: list[ToolResult] = []
         finished = False
@@ -141,17 +163,40 @@ class KernelAgentEnv(EpisodeEnv):
                 results.append(ToolResult(output="not run: Finish was called earlier in this action", is_error=True,
                                           tool=call.name, call_id=call.id))
                 continue
-            result = self.toolbox.run(call)
+            with self._timed(build=call.name == "Bash" and bool(_BUILD.search(str(call.arguments.get("command"))))):
+                result = self.toolbox.run(call)
+            self.rollout.count(call, result)
             results.append(result)
             finished = result.tool == "Finish" and not result.is_error
-        self.invalid_calls += sum(result.invalid_call for result in results)
         truncated = not finished and self.turn >= self.max_turns
+        ending = f"The turn limit ({self.max_turns}) was reached." if truncated else None
+        return self._answer(_render(results), results, finished=finished, ending=ending)
+
+    def truncate(self, reason: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """End the episode now, as the turn limit does, for a budget the trainer keeps (the
+        context's tokens, wall time): the final evaluation runs and pays as at any end, and the
+        step is truncated. ``reason`` ends the observation ("The context budget ... was reached.").
+        After the end, answers as ``step`` does."""
+        if self.done or self.episode is None:
+            return ENDED, 0.0, True, False, self._info([])
+        self.rollout.model_s += time.monotonic() - self._answered
+        return self._answer("", [], finished=False, ending=reason)
+
+    async def atruncate(self, reason: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """``truncate`` on a step thread, as ``astep``."""
+        return await in_thread(functools.partial(self.truncate, reason))
+
+    def _answer(self, observation: str, results: list[ToolResult], *, finished: bool,
+                ending: str | None) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """A step's answer: the shaped reward so far; at the end (``finished``, or ``ending`` says
+        why the episode is cut short) the final evaluation, what it settles, and the report."""
+        truncated = ending is not None
         reward = self._shaped_reward()
-        observation = _render(results)
         if finished or truncated:
-            self.final = self.episode.final_evaluation(self.selection)
+            with self._timed(build=False):
+                self.final = self.episode.final_evaluation(self.selection)
             self.done = True
-            observation += "\n\n" + model_report(self.final)
+            observation = "\n\n".join(filter(None, [observation, model_report(self.final)]))
             if self.final.fault == "evaluator":
                 # Not the agent's ending: the evaluator failed (twice). Nothing is settled, and the
                 # episode is truncated, so a trainer drops it rather than learn from a wrong -1.
@@ -160,10 +205,28 @@ class KernelAgentEnv(EpisodeEnv):
                 settle = paid_reward(self.final, self.reward_kind) - self.paid  # the episode's total is the final reward
                 reward += settle
                 self.paid += settle
-            if truncated and self.turn >= self.max_turns:
-                observation = f"{observation}\n\nThe turn limit ({self.max_turns}) was reached."
+            if ending:
+                observation = f"{observation}\n\n{ending}"
         info = self._info(results)
+        self._answered = time.monotonic()
         return observation[-MAX_OBSERVATION_CHARS:], reward, finished, truncated, info
+
+    @contextlib.contextmanager
+    def _timed(self, *, build: bool) -> Iterator[None]:
+        """Account the time of what runs inside: the trusted evaluations it waited for, the
+        episode's own builds (the final clean rebuilds), the rest to builds when ``build`` (a Bash
+        call that runs the build) or else to tools."""
+        broker, episode = self.episode.broker, self.episode
+        started, evaluations, builds = time.monotonic(), broker.evaluation_s, episode.build_s
+        try:
+            yield
+        finally:
+            waited = broker.evaluation_s - evaluations
+            built = episode.build_s - builds
+            rest = max(0.0, time.monotonic() - started - waited - built)
+            self.rollout.evaluations_s += waited
+            self.rollout.builds_s += built + (rest if build else 0.0)
+            self.rollout.tools_s += 0.0 if build else rest
 
     def _close_episode(self) -> None:
         super()._close_episode()
@@ -213,7 +276,51 @@ class KernelAgentEnv(EpisodeEnv):
             info["final"] = self.final.summary()
             info["final_report"] = model_report(self.final)
             info["fault"] = self.final.fault
+            info["rollout"] = self.rollout.summary()
         return info
+
+
+#: A Bash command that runs the workspace's build (its time is accounted to builds).
+_BUILD = re.compile(r"compile\.sh|utils[./]build")
+
+
+@dataclass
+class Rollout:
+    """Where an episode's calls and time went, for a trainer's accounting and filters
+    (``info["rollout"]`` at the episode's end; ``env.rollout`` at any time): the calls by tool;
+    ``tool_errors``, valid calls that failed (a missing file, a refused path); ``invalid_calls``,
+    calls that could not be run as given (unparseable, an unknown tool, bad arguments);
+    ``repeated_calls``, calls that repeat an earlier call of the episode and got the same output
+    (a loop that makes no progress). The seconds: ``model``, the agent's time between an
+    observation and its next action (the model's generation, for a trainer's rollout loop);
+    ``evaluations``, waiting for trusted evaluations (the pool's queue included; one the agent
+    runs in the background overlaps the others); ``builds``, the agent's build commands and the
+    final clean rebuilds; ``tools``, the rest of the steps."""
+
+    tool_calls: Counter[str] = field(default_factory=Counter)
+    tool_errors: int = 0
+    invalid_calls: int = 0
+    repeated_calls: int = 0
+    model_s: float = 0.0
+    tools_s: float = 0.0
+    builds_s: float = 0.0
+    evaluations_s: float = 0.0
+    _seen: set[str] = field(default_factory=set)
+
+    def count(self, call: ToolCall, result: ToolResult) -> None:
+        self.tool_calls[result.tool or call.name or "(unparsed)"] += 1
+        self.invalid_calls += result.invalid_call
+        self.tool_errors += result.is_error and not result.invalid_call
+        seen = hashlib.sha256(json.dumps([call.name, call.arguments, result.output], sort_keys=True,
+                                         default=str).encode()).hexdigest()
+        self.repeated_calls += seen in self._seen
+        self._seen.add(seen)
+
+    def summary(self) -> dict[str, Any]:
+        return {"tool_calls": dict(self.tool_calls), "tool_errors": self.tool_errors,
+                "invalid_calls": self.invalid_calls, "repeated_calls": self.repeated_calls,
+                "time_s": {"model": round(self.model_s, 3), "tools": round(self.tools_s, 3),
+                           "builds": round(self.builds_s, 3), "evaluations": round(self.evaluations_s, 3)}}
 
 
 def _render(results: list[ToolResult]) -> str:

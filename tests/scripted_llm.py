@@ -11,7 +11,8 @@ world in tests of `kernel-env generate`, `kernel-env eval` and the OpenHands plu
 The handler gets the request body (a dict: ``model``, ``messages``, ``tools``, ...) and returns
 a ``Reply``; it is called from the server's threads, so a handler keeping state must lock.
 ``ScriptedLLM.sequence([...])`` answers with the replies in order. A handler that raises makes
-the server answer HTTP 500 with the error, as a broken model server would.
+the server answer HTTP 500 with the error, as a broken model server would (``Refused``: the
+status it names). Each answer reports token usage estimated from the request's length.
 """
 
 from __future__ import annotations
@@ -46,6 +47,22 @@ class Reply:
                 for call_id, call in zip(call_ids, self.tool_calls)
             ]
         return message
+
+
+class Refused(Exception):
+    """Raised by a handler: the server answers HTTP ``status`` with this message (as vLLM refuses a
+    request past the model's context, with 400)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def usage(request: dict, message: dict) -> dict:
+    """Token counts as a server reports them, estimated at four characters a token: a longer
+    conversation reports more prompt tokens, as a real one does."""
+    prompt, completion = len(json.dumps(request.get("messages", []))) // 4, max(1, len(json.dumps(message)) // 4)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 class ScriptedLLM:
@@ -101,7 +118,7 @@ class ScriptedLLM:
             "model": request.get("model") or self.model,
             "choices": [{"index": 0, "message": reply.message(call_ids),
                          "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            "usage": usage(request, reply.message(call_ids)),
         }
 
     def _make_handler(self) -> type[BaseHTTPRequestHandler]:
@@ -134,6 +151,8 @@ class ScriptedLLM:
                     llm.requests.append(request)
                 try:
                     self._send(200, llm._completion(request))
+                except Refused as exc:
+                    self._send(exc.status, {"error": {"message": str(exc), "type": "BadRequestError"}})
                 except Exception as exc:  # noqa: BLE001 - a broken script is a broken server
                     self._send(500, {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error"}})
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -112,6 +113,31 @@ def test_the_turn_limit_truncates_with_a_final_evaluation_of_what_is_there():
         assert "turn limit (2) was reached" in obs
     finally:
         env.close()
+
+
+def test_the_rollout_accounts_calls_and_time_and_a_trainers_budget_truncates_with_a_final_evaluation(env):
+    started = time.monotonic()
+    env.reset()
+    time.sleep(0.3)  # the model thinking
+    env.step(READ_STARTER)
+    env.step([bash("ls kernels"), bash("ls kernels")])  # the second repeats the first, output and all
+    env.step({"name": "Read", "arguments": {"file_path": "no_such_file.py"}})  # a valid call that fails
+    env.step({"name": "NoSuchTool", "arguments": {}})  # an invalid one
+    env.step(write("model_new.py", SOLUTION))
+    _, _, _, _, info = env.step(bash("python3 -m utils.verification"))
+    assert info["evaluations"][-1]["correct"]
+    obs, reward, terminated, truncated, info = env.truncate("The context budget (128 tokens) was reached.")
+    wall = time.monotonic() - started
+    assert truncated and not terminated and reward == 1.0 and info["final"]["correct"]
+    assert obs.endswith("The context budget (128 tokens) was reached.") and "FINAL EVALUATION" in obs
+    rollout = info["rollout"]
+    assert rollout["tool_calls"] == {"Read": 2, "Bash": 3, "NoSuchTool": 1, "Write": 1}
+    assert (rollout["tool_errors"], rollout["invalid_calls"], rollout["repeated_calls"]) == (1, 1, 1)
+    assert info["invalid_calls"] == 1
+    seconds = rollout["time_s"]
+    assert seconds["model"] >= 0.3 and seconds["evaluations"] > 0 and seconds["builds"] > 0 and seconds["tools"] > 0
+    assert sum(seconds.values()) <= wall + 0.01  # nothing counted twice
+    assert env.truncate("again")[0].startswith("The episode has ended")
 
 
 def test_calls_after_finish_in_the_same_action_are_not_run(env):

@@ -15,6 +15,7 @@ other tests use a tiny Triton task (Triton's interpreter: no build) or no enviro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import threading
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from scripted_llm import Reply, ScriptedLLM
+from scripted_llm import Refused, Reply, ScriptedLLM
 from typer.testing import CliRunner
 
 from kernel_env.cli import app
@@ -138,6 +139,11 @@ def test_eval_solves_the_cpp_example_and_report_rebuilds_its_tables(tmp_path):
     outputs = [m["content"] for m in record.messages if m["role"] == "tool"]
     assert "BUILD OK" in outputs[4] and "correctness: PASS" in outputs[5]
     assert record.tools and record.settings["speedup_margin"] == 1000.0
+    # What a trainer accounts: the server's tokens, the calls by tool, the time split.
+    assert record.tokens["completion"] > 0 and record.tokens["prompt"] >= record.tokens["context"] > 0
+    assert record.rollout["tool_calls"] == {"Read": 1, "Write": 3, "Bash": 2, "Finish": 1}
+    assert (record.rollout["tool_errors"], record.rollout["repeated_calls"]) == (0, 0)
+    assert all(record.rollout["time_s"][part] > 0 for part in ("model", "tools", "builds", "evaluations"))
 
     # The trusted evaluations: the agent's verification, then the final one; the reward is the final milestone.
     assert [e["mode"] for e in record.evaluations] == ["verify", "final"] and record.evaluations[0]["correct"]
@@ -163,6 +169,18 @@ def test_eval_solves_the_cpp_example_and_report_rebuilds_its_tables(tmp_path):
     assert again.exit_code == 0 and again.stdout == markdown
     as_json = runner.invoke(app, ["report", str(output), "--json"])
     assert json.loads(as_json.stdout)["metrics"] == compute_metrics([record]).to_dict()
+
+    # Its trajectory for rejection fine-tuning: kept by the paper's filter, dropped by a stricter one.
+    rft = tmp_path / "rft.jsonl"
+    kept = runner.invoke(app, ["export", str(output), "-o", str(rft)])
+    assert kept.exit_code == 0 and "1 of 1 trajectories written" in kept.stdout, kept.output
+    [trajectory] = [json.loads(line) for line in rft.read_text().splitlines()]
+    assert trajectory["messages"] == record.messages and trajectory["tools"] == record.tools
+    assert trajectory["reward"] == 1.0 and trajectory["rollout"] == record.rollout
+    strict = runner.invoke(app, ["export", str(output), "-o", str(rft), "--min-reward", "1", "--json"])
+    assert json.loads(strict.stdout) == {"output": str(rft), "records": 1, "written": 0,
+                                         "dropped": {"reward 1 is not above 1": 1}}
+    assert rft.read_text() == ""
 
 
 # ============================================================================ conversation rules, resume
@@ -227,6 +245,40 @@ def test_model_errors_are_retried_then_recorded_and_a_rerun_retries_the_task(tmp
     records = read_records(output)
     assert [r.stop for r in records] == ["error", "finished"]
     assert compute_metrics(records).overall.errors == 0  # the finished episode counts for the task
+
+
+def test_the_context_budget_and_a_servers_context_refusal_end_an_episode_with_its_final_evaluation(tmp_path):
+    """An episode whose conversation reaches the token budget, or that the server refuses as past
+    the model's context (HTTP 400, as vLLM answers), ends as at the turn limit: the final
+    evaluation of what is in the workspace, paid, recorded as "context_limit"."""
+    tasks = [Task(id="tiny/budget", name="budget", code=TINY_CODE), Task(id="tiny/refused", name="refused", code=TINY_CODE)]
+    write = Reply(tool_calls=[call("Read", file_path="model_new.py"),
+                              call("Write", file_path="model_new.py", content=TRITON_SOLUTION)])
+
+    def handler(request):
+        task_id, turn = asked(request)
+        if task_id == "tiny/refused" and turn == 1:
+            raise Refused(400, "This model's maximum context length is 32768 tokens. However, you requested "
+                               "40000 tokens in the messages. Please reduce the length of the messages.")
+        return write
+
+    output = tmp_path / "run.jsonl"
+    with ScriptedLLM(handler) as llm:
+        # The first call's prompt (the task, SKILL.md, the tools) alone is past a 1000-token budget.
+        config = AgentRunConfig(base_url=llm.base_url, language="triton", device="cpu", settings=SETTINGS,
+                                max_context_tokens=1000, model_retries=0)
+        summary = asyncio.run(run_agent_eval(tasks[:1], config, output))
+        config = dataclasses.replace(config, max_context_tokens=None)
+        summary2 = asyncio.run(run_agent_eval(tasks[1:], config, output))
+    assert summary.context_limit == 1 and summary2.context_limit == 1 and not summary2.errors
+    budget, refused = read_records(output)
+    for record in (budget, refused):
+        assert (record.stop, record.turns, record.error) == ("context_limit", 1, None), record
+        assert record.final["correct"] and record.reward == 1.0  # the solution written on the one turn, evaluated
+        assert record.rollout["tool_calls"] == {"Read": 1, "Write": 1} and record.rollout["time_s"]["evaluations"] > 0
+    assert budget.tokens["context"] >= 1000 and budget.tokens["completion"] > 0
+    assert refused.tokens["prompt"] > 0  # the first call's, counted; the refused one has none
+    assert len([r for r in llm.requests if asked(r)[0] == "tiny/budget"]) == 1
 
 
 def test_a_server_that_goes_away_ends_the_run_and_keeps_what_finished(tmp_path):

@@ -29,6 +29,7 @@ from kernel_env.workloads.report import (
     rich_report,
     speedups,
 )
+from kernel_env.workloads.trajectories import RftFilter, export
 
 
 def rec(task: str, *, level: int | None = 1, correct: bool = True, eager: float | None = None,
@@ -251,3 +252,28 @@ def test_without_matplotlib_the_plot_says_how_to_get_it(tmp_path, monkeypatch):
         plot_speedups([rec("a", eager=2.0)], tmp_path / "never.png")
     assert not (tmp_path / "never.png").exists()
     assert "| all | 1 | 100.0 %" in markdown(compute_metrics([rec("a", eager=2.0)]))  # the tables still work
+
+
+def test_the_rft_filter_keeps_the_papers_trajectories_and_says_why_it_drops_the_others(tmp_path):
+    def accounted(task: str, *, repeated: int = 0, errors: int = 0, **options) -> EpisodeRecord:
+        record = rec(task, **options)
+        record.rollout = {"repeated_calls": repeated, "tool_errors": errors}
+        return record
+
+    records = [
+        accounted("kept"),
+        accounted("wrong", correct=False),
+        accounted("loop", repeated=2),
+        accounted("clumsy", errors=3),  # tool errors are allowed unless a limit is set
+        rec("old"),  # no rollout accounting: its loops cannot be told
+        accounted("fault", stop="evaluator_fault"),
+        accounted("invalid", invalid=1),
+    ]
+    output = tmp_path / "rft.jsonl"
+    done = export(records, output)
+    assert [json.loads(line)["task_id"] for line in output.read_text().splitlines()] == ["kept", "clumsy"]
+    assert done.written == 2 and done.dropped == {
+        "reward -1 is not above 0": 1, "more than 0 repeated calls": 1, "ended by evaluator fault": 1,
+        "repeated calls not recorded (a record from before the rollout accounting)": 1, "more than 0 invalid calls": 1}
+    lenient = RftFilter(min_reward=-2, max_repeated_calls=None, max_invalid_calls=None, max_tool_errors=0)
+    assert [r.task_id for r in records if lenient.rejects(r) is None] == ["kept", "wrong", "loop", "invalid"]

@@ -1,8 +1,10 @@
-"""``kernel-env eval`` and ``report``: a tool-calling model as a KernelAgent-v0 agent, and its metrics.
+"""``kernel-env eval``, ``report`` and ``export``: a tool-calling model as a KernelAgent-v0 agent,
+its metrics, and its trajectories for rejection fine-tuning.
 
 ``eval`` runs ``kernel_env.workloads.agent_eval`` over a task set, appending one episode record
 per task to a JSONL run file, then shows the metrics (``kernel_env.workloads.metrics``, rendered
-by ``kernel_env.workloads.report``); ``report`` rebuilds the metrics of a run file. eval's exit
+by ``kernel_env.workloads.report``); ``report`` rebuilds the metrics of a run file; ``export``
+writes its trajectories that pass an RFT filter (``kernel_env.workloads.trajectories``). eval's exit
 codes: 0 every selected task has an episode record that did not end in error; 1 some episodes
 ended in error (the model's calls failed: rerun to retry them); 2 usage or environment error
 (bad source, bad settings, an output that is not a run file, server unreachable, or a final
@@ -56,6 +58,10 @@ def eval_command(
     sandbox: options.Sandbox = options.SandboxKind(DEFAULT_SANDBOX),
     concurrency: int = typer.Option(8, "--concurrency", "-j", min=1, help="Episodes in flight at once."),
     max_turns: int = typer.Option(200, "--max-turns", min=1, help="Turns per episode (the paper evaluates with 200)."),
+    max_context_tokens: int = typer.Option(131_072, "--max-context-tokens", min=1,
+                                           help="An episode whose conversation reaches this many tokens (as the "
+                                                "server counts them) ends there with its final evaluation, as at "
+                                                "the turn limit (the paper: a 128k context)."),
     temperature: options.ServerTemperature = None,
     max_tokens: options.MaxTokens = None,
     request_timeout: options.RequestTimeout = 900.0,
@@ -82,7 +88,8 @@ def eval_command(
                              title=f"{len(selected)} tasks, {concurrency} at a time")
     config = AgentRunConfig(base_url=server.base_url, model=server.model, api_key=api_key,
                             language=language.value if language else None, device=device.value if device else None,
-                            sandbox=sandbox.value, max_turns=max_turns, concurrency=concurrency,
+                            sandbox=sandbox.value, max_turns=max_turns, max_context_tokens=max_context_tokens,
+                            concurrency=concurrency,
                             temperature=temperature, max_tokens=max_tokens, request_timeout=request_timeout,
                             settings=settings,
                             pool=ObservedPool(default_pool(), progress.evaluation))  # the pool tells the progress
@@ -100,6 +107,7 @@ def eval_command(
     _show_metrics(records, plot=plot, markdown_path=markdown_path, as_json=as_json,
                   extra={"output": str(output), "model": summary.model, "selected": summary.selected,
                          "skipped": summary.skipped, "finished": summary.finished, "turn_limit": summary.turn_limit,
+                         "context_limit": summary.context_limit,
                          "errors": summary.errors, "evaluator_faults": summary.evaluator_faults})
     if not as_json:
         err.print(f"{summary.written} new episode records in {escape(str(output))} ({summary.skipped} tasks were done "
@@ -152,7 +160,8 @@ class _EvalProgress:
         """An episode ended and its record is written (run_agent_eval's ``on_record``)."""
         self.turns.pop(record.task_id, None)
         self.progress.update(self.bar, total=summary.to_do, completed=summary.written,
-                             description=f"{summary.finished} finished · {summary.turn_limit} turn limit · "
+                             description=f"{summary.finished} finished · "
+                                         f"{summary.turn_limit + summary.context_limit} at a limit · "
                                          f"{len(summary.errors)} errors · {len(summary.evaluator_faults)} evaluator faults")
         final = record.final or {}
         self._line(f"{record.task_id}: {record.stop} after {record.turns} turns ({record.duration_s:.0f} s), reward "
@@ -176,6 +185,42 @@ def report(
     if not records:
         fail(f"run file {run}: no episode records in it")
     _show_metrics(records, plot=plot, markdown_path=markdown_path, as_json=as_json, extra={"output": str(run)})
+    raise typer.Exit(EXIT_OK)
+
+
+def export(
+    run: Path = typer.Argument(..., help="A run file written by `kernel-env eval` (JSONL episode records)."),
+    output: Path = typer.Option(Path("trajectories.jsonl"), "--output", "-o",
+                                help="The kept trajectories (JSONL chat records: messages, tools, reward, ...)."),
+    min_reward: float = typer.Option(0.0, "--min-reward", help="Keep episodes whose reward is above this."),
+    max_invalid_calls: int = typer.Option(0, "--max-invalid-calls", min=0, help="Keep episodes with at most this "
+                                                                                  "many invalid tool calls."),
+    max_repeated_calls: int = typer.Option(0, "--max-repeated-calls", min=0,
+                                           help="Keep episodes with at most this many repeated calls (the same call "
+                                                "and output as an earlier one: a loop)."),
+    max_tool_errors: int | None = typer.Option(None, "--max-tool-errors", min=0,
+                                               help="Keep episodes with at most this many failed tool calls "
+                                                    "(default: any)."),
+    as_json: options.Json = False,
+) -> None:
+    """Write an eval run's trajectories for rejection fine-tuning: by default the paper's filter (reward > 0, no
+    invalid calls, no loops)."""
+    from kernel_env.workloads.trajectories import RftFilter, export as export_trajectories
+
+    keep = RftFilter(min_reward=min_reward, max_invalid_calls=max_invalid_calls,
+                     max_repeated_calls=max_repeated_calls, max_tool_errors=max_tool_errors)
+    records = _read_run(run)
+    try:
+        done = export_trajectories(records, output, keep)
+    except OSError as exc:
+        fail(f"--output {output}: {exc.strerror or exc}")
+    if as_json:
+        print_json({"output": str(output), "records": len(records), "written": done.written,
+                    "dropped": dict(done.dropped)})
+    else:
+        out.print(f"{done.written} of {len(records)} trajectories written to {escape(str(output))}", soft_wrap=True)
+        for why, count in done.dropped.most_common():
+            out.print(f"  dropped {count}: {escape(why)}", soft_wrap=True)
     raise typer.Exit(EXIT_OK)
 
 

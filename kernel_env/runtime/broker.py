@@ -23,6 +23,7 @@ import socket
 import stat
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -154,12 +155,16 @@ class Broker:
         self.device = device
         self.settings = settings or EvalSettings()
         self.on_result = on_result
+        #: Seconds spent in evaluations so far, from the request to the answer (the pool's queue included).
+        self.evaluation_s = 0.0
         self._servers: dict[Path, socket.socket] = {}
+        self._timing_lock = threading.Lock()
 
     def evaluate_workspace(self, workspace: Workspace, mode: Mode = Mode.VERIFY) -> EvalResult:
         """Snapshot, check, evaluate; every problem becomes a failed result, never an exception."""
         job_id = uuid.uuid4().hex[:12]
         snapshot = workspace.root / "snapshots" / job_id
+        started = time.monotonic()
         try:
             result = self._evaluate(workspace, mode, job_id, snapshot)
             if self.on_result is not None:
@@ -167,6 +172,8 @@ class Broker:
             return result
         finally:
             shutil.rmtree(snapshot, ignore_errors=True)
+            with self._timing_lock:
+                self.evaluation_s += time.monotonic() - started
 
     def _evaluate(self, workspace: Workspace, mode: Mode, job_id: str, snapshot: Path) -> EvalResult:
         base = dict(job_id=job_id, task_id=workspace.task.id, language=workspace.language.name, device=self.device, mode=mode)

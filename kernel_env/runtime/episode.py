@@ -13,6 +13,7 @@ import hashlib
 import logging
 import resource
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -100,6 +101,8 @@ class Episode:
     #: Every trusted evaluation of this episode, in the order they finished (the agent's
     #: verification and profiling runs, and final evaluations).
     results: list[EvalResult] = field(default_factory=list)
+    #: Seconds spent in ``compile`` (the final evaluations' clean rebuilds); the evaluations' are the broker's.
+    build_s: float = 0.0
     _best: _Evaluated | None = None
     _digests: dict[str, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -143,7 +146,11 @@ class Episode:
         ``build_timeout_s``); ``clean`` first removes build/ (so nothing the agent left there, a
         planted object file say, can end up in the module)."""
         command = f"rm -rf build && {COMPILE_COMMAND}" if clean else COMPILE_COMMAND
-        return self.sandbox.exec(command, timeout=timeout or self.broker.settings.build_timeout_s, max_output=20_000)
+        started = time.monotonic()
+        try:
+            return self.sandbox.exec(command, timeout=timeout or self.broker.settings.build_timeout_s, max_output=20_000)
+        finally:
+            self.build_s += time.monotonic() - started
 
     def evaluate(self, mode: Mode = Mode.FINAL) -> EvalResult:
         return self.broker.evaluate_workspace(self.workspace, mode)

@@ -16,9 +16,13 @@ call, and the turn counts); the model then gets that answer and a short nudge as
 
 Records (``kernel_env.workloads.metrics.EpisodeRecord``) hold what RFT/SFT needs: ``messages`` (exactly
 what the model saw and said, plus vLLM's ``reasoning_content``), ``tools`` (the function
-schemas), every evaluation, the final one, ``reward``, ``invalid_calls`` and ``stop``
-("finished": the model called Finish; "turn_limit"; "error"). Rejection fine-tuning keeps
-``reward > 0 and invalid_calls == 0``.
+schemas), every evaluation, the final one, ``reward``, ``invalid_calls``, ``tokens`` (the
+server's counts), ``rollout`` (the environment's accounting: calls by tool, tool errors, repeated
+calls, the time split) and ``stop`` ("finished": the model called Finish; "turn_limit";
+"context_limit": the conversation reached ``max_context_tokens``, 128k by default, or the server
+refused it as past the model's context; both end with the final evaluation; "error").
+Rejection fine-tuning keeps ``reward > 0``, no invalid calls and no loops:
+``kernel_env.workloads.trajectories`` (``kernel-env export``).
 
 Failure: a model call that fails (HTTP 5xx, timeout, a dropped connection) is retried
 ``model_retries`` times with backoff; then the episode is recorded with ``stop="error"`` and the
@@ -31,6 +35,9 @@ a refused connection; finished records stay. Every record is appended
 and flushed as its episode ends, and a rerun with the same output skips every task that already
 has a record with a verdict (not "error" nor "evaluator_fault"), so an interrupted or partly
 failed run is resumed by running it again.
+
+Why one module of ~500 lines: the configuration, the run file, the run and the conversation are
+one run's parts, each small, and each is read against the others.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -107,6 +115,19 @@ class ModelCallFailed(RuntimeError):
 # ============================================================================ configuration
 
 
+#: The context CUDA Agent trains and evaluates with (128k tokens): the default token budget of an episode.
+DEFAULT_CONTEXT_TOKENS = 131_072
+
+
+class ContextFull(RuntimeError):
+    """The server refused a model call as past the model's context (HTTP 400 saying so)."""
+
+
+#: How servers word a request past the context: vLLM ("maximum context length"), OpenAI
+#: ("context_length_exceeded"), SGLang ("longer than the model's context length").
+_CONTEXT_REFUSAL = re.compile(r"context[ _]length|context window", re.IGNORECASE)
+
+
 @dataclass(frozen=True)
 class AgentRunConfig:
     """How to run: the server and model, the environment, the concurrency.
@@ -115,7 +136,11 @@ class AgentRunConfig:
     machine (``language_and_device``: cuda on a GPU, cpp on the CPU). ``concurrency`` bounds the episodes in flight
     (each holds a workspace, a sandbox and a conversation). ``model_retries`` extra tries per
     model call, waiting ``retry_delay_s`` × 2^try between them. ``settings`` and ``pool`` go to
-    every environment (None: the protocol's defaults, the process's shared local pool)."""
+    every environment (None: the protocol's defaults, the process's shared local pool).
+    ``max_context_tokens``: an episode whose conversation reaches this many tokens (the server's
+    count for its last call, prompt and completion) ends there, as at the turn limit, with the
+    final evaluation of what is in the workspace; so does one the server refuses as past the
+    model's context. None: only the server's refusal ends it."""
 
     base_url: str = DEFAULT_BASE_URL
     model: str | None = None
@@ -134,6 +159,7 @@ class AgentRunConfig:
     system_prompt: str = SYSTEM_PROMPT
     settings: EvalSettings | None = None
     pool: GpuPool | str | None = None
+    max_context_tokens: int | None = DEFAULT_CONTEXT_TOKENS
 
 
 @dataclass
@@ -144,12 +170,13 @@ class EvalSummary(RunSummary):
 
     finished: int = 0
     turn_limit: int = 0
+    context_limit: int = 0
     errors: dict[str, str] = field(default_factory=dict)
     evaluator_faults: dict[str, str] = field(default_factory=dict)
 
     @property
     def written(self) -> int:
-        return self.finished + self.turn_limit + len(self.errors) + len(self.evaluator_faults)
+        return self.finished + self.turn_limit + self.context_limit + len(self.errors) + len(self.evaluator_faults)
 
 
 #: Called after every episode's record is written: (the record, the summary so far).
@@ -301,6 +328,8 @@ class _Run:
             self.summary.evaluator_faults[task.id] = record.error or "the evaluator failed"
         elif record.stop == "turn_limit":
             self.summary.turn_limit += 1
+        elif record.stop == "context_limit":
+            self.summary.context_limit += 1
         else:
             self.summary.finished += 1
         if self.on_record is not None:
@@ -326,6 +355,7 @@ class Conversation:
         self.language, self.device = language_and_device(config.language, config.device)
         self.reward = 0.0
         self.tool_calls = 0
+        self.tokens: dict[str, int] | None = None
         self.server_unreachable = False
         self.started = time.monotonic()
 
@@ -357,8 +387,13 @@ class Conversation:
         prompt, self.info = await env.areset()
         self.tools, self.device = self.info["tools"], self.info["device"]
         self.messages = [{"role": "system", "content": self.config.system_prompt}, {"role": "user", "content": prompt}]
+        budget = self.config.max_context_tokens
         while True:
-            reply = await self._ask()
+            try:
+                reply = await self._ask()
+            except ContextFull as exc:
+                return await self._cut(env, f"The model server refused the next call as past the model's context: "
+                                            f"{exc}")
             self.messages.append(reply)
             calls = reply.get("tool_calls") or []
             self.tool_calls += max(1, len(calls))
@@ -374,6 +409,14 @@ class Conversation:
                 if self.info.get("fault") == "evaluator":
                     return "evaluator_fault"
                 return "finished" if terminated else "turn_limit"
+            if budget is not None and self.tokens and self.tokens["context"] >= budget:
+                return await self._cut(env, f"The context budget ({budget} tokens) was reached.")
+
+    async def _cut(self, env: KernelAgentEnv, reason: str) -> str:
+        """End the episode for the context: the environment's final evaluation, as at the turn limit."""
+        _, reward, _, _, self.info = await env.atruncate(reason)
+        self.reward += reward
+        return "evaluator_fault" if self.info.get("fault") == "evaluator" else "context_limit"
 
     async def _ask(self) -> dict[str, Any]:
         """The model's next assistant message (as a dict for ``messages``), with retries."""
@@ -389,8 +432,11 @@ class Conversation:
                 response = await self.client.chat.completions.create(**options)
                 if not response.choices:
                     raise NoChoices("the server answered with no choices")
+                self._count(response.usage)
                 return assistant_message(response.choices[0].message, turn=len(self.messages))
             except openai.APIStatusError as exc:
+                if exc.status_code == 400 and _CONTEXT_REFUSAL.search(why(exc)):
+                    raise ContextFull(why(exc)) from None
                 if exc.status_code < 500 and exc.status_code not in (408, 409, 429):
                     raise ModelCallFailed(f"model call failed (HTTP {exc.status_code}, not retried): {why(exc)}") from None
                 last: Exception = exc
@@ -401,6 +447,16 @@ class Conversation:
         unreachable = isinstance(last, openai.APIConnectionError) and not isinstance(last, openai.APITimeoutError)
         raise ModelCallFailed(f"model call failed after {tries} tries: {type(last).__name__}: {why(last)}",
                               unreachable=unreachable)
+
+    def _count(self, usage: Any) -> None:
+        """Add a call's tokens, as the server counted them (nothing where it reported none)."""
+        if usage is None:
+            return
+        tokens = self.tokens or {"prompt": 0, "completion": 0, "context": 0}
+        tokens["prompt"] += usage.prompt_tokens or 0
+        tokens["completion"] += usage.completion_tokens or 0
+        tokens["context"] = max(tokens["context"], (usage.prompt_tokens or 0) + (usage.completion_tokens or 0))
+        self.tokens = tokens
 
     def _record(self, stop: str, error: str | None = None) -> EpisodeRecord:
         final = self.info.get("final") if stop != "error" else None
@@ -413,6 +469,7 @@ class Conversation:
             final_report=self.info.get("final_report") if final else None,
             reward=self.reward if final is not None and stop != "evaluator_fault" else None, turns=self.info.get("turn", 0),
             max_turns=self.config.max_turns, tool_calls=self.tool_calls, invalid_calls=self.info.get("invalid_calls", 0),
+            tokens=self.tokens, rollout=self.info.get("rollout"),
             evaluations=self.info.get("evaluations", []), messages=self.messages, tools=self.tools,
             settings=self.config.settings.model_dump() if self.config.settings else None,
             duration_s=round(time.monotonic() - self.started, 3),

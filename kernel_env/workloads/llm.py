@@ -83,7 +83,8 @@ def connect(base_url: str, model: str | None, *, api_key: str = "EMPTY", serve_h
     if not base_url.rstrip("/").endswith("/v1"):
         candidates.append(base_url.rstrip("/") + "/v1")
     headers = {"Authorization": f"Bearer {api_key}"}
-    with httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S)), headers=headers) as client:
+    limits = httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
+    with httpx.Client(timeout=limits, headers=headers) as client:
         for url in candidates:
             try:
                 response = client.get(url.rstrip("/") + "/models")

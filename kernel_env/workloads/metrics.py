@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 FAST_P = (0.0, 0.5, 1.0, 1.5, 2.0)
 BASELINES = ("eager", "compile")
 Baseline = Literal["eager", "compile"]
-Stop = Literal["finished", "turn_limit", "error", "evaluator_fault"]
+Stop = Literal["finished", "turn_limit", "context_limit", "error", "evaluator_fault"]
 #: Stops with no trusted verdict on the solution: a rerun of the run file tries them again.
 UNDECIDED_STOPS = ("error", "evaluator_fault")
 OVERALL = "all"
@@ -60,13 +60,18 @@ class RecordError(ValueError):
 class EpisodeRecord(BaseModel):
     """One finished episode, as ``kernel-env eval`` writes it (one JSON object per line).
 
-    ``stop``: "finished" (the model called Finish), "turn_limit", "error" (``error`` says
-    why), or "evaluator_fault" (the final evaluation failed by the evaluator's fault, twice;
-    ``error`` says how). ``final`` is the trusted final evaluation (``EvalResult.summary()``) and
+    ``stop``: "finished" (the model called Finish), "turn_limit", "context_limit" (the
+    conversation reached the run's token budget, or the server refused it as past its context),
+    "error" (``error`` says why), or "evaluator_fault" (the final evaluation failed by the
+    evaluator's fault, twice; ``error`` says how). ``final`` is the trusted final evaluation (``EvalResult.summary()``) and
     ``final_report`` its text, None on error. ``reward`` is the episode's return (the final
     milestone: -1, 1, 2, 3), None on error or evaluator fault. ``tool_calls`` counts the calls the model made (a reply
     without any counts as one call, which the environment answers as invalid); ``invalid_calls``
-    those the environment could not run as given. ``messages`` is the conversation in OpenAI
+    those the environment could not run as given. ``tokens`` is the server's count (``prompt``
+    and ``completion`` summed over the calls, ``context`` the longest call: prompt and completion),
+    None where it reported none; ``rollout`` the environment's accounting (``info["rollout"]``:
+    calls by tool, tool errors, repeated calls, seconds in the model, tools, builds and
+    evaluations). ``messages`` is the conversation in OpenAI
     format and ``tools`` the function schemas offered (what SFT needs); ``evaluations`` every
     trusted evaluation the agent asked for; ``settings`` the evaluation protocol if not the
     default. Unknown keys are kept, so a record round-trips through this model unchanged.
@@ -90,6 +95,8 @@ class EpisodeRecord(BaseModel):
     max_turns: int | None = None
     tool_calls: int = 0
     invalid_calls: int = 0
+    tokens: dict[str, int] | None = None
+    rollout: dict[str, Any] | None = None
     evaluations: list[dict[str, Any]] = Field(default_factory=list)
     messages: list[dict[str, Any]] = Field(default_factory=list)
     tools: list[dict[str, Any]] = Field(default_factory=list)
