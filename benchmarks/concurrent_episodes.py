@@ -14,9 +14,13 @@ and the Finish step (waiting for the pool, then the final evaluation). Per run i
 
 - episodes per hour;
 - the pool's occupancy: the share of the time in which evaluation jobs were waiting or running
-  that a job was running (1.0: the device never waited for work while there was some);
-- on a GPU, the device's own busy fraction over that same time: NVML's ``utilization.gpu``
-  (share of time any kernel ran), sampled by nvidia-smi every 50 ms, an independent account;
+  that a job was running, on any of its devices (1.0 on one device: it never waited for work
+  while there was some; the ending of a job's processes, which holds its slot, does not count as
+  running: ``PoolMeter``);
+- on GPUs, the pool's devices' own busy fraction over that same time: NVML's ``utilization.gpu``
+  (share of time any kernel ran), sampled by nvidia-smi every 50 ms on each of them, an
+  independent account (their mean, and each GPU's in the JSON);
+- where the final evaluations ran (``EvalResult.ran_on``: how many on each device);
 - on a shared GPU, how the device's lease spent the run (``DeviceLease.account()``): a timing run
   holding it, a timing run waiting for untimed steps to end ("draining"), untimed steps only, idle;
 - the share of the machine's processors in use (``/proc/stat``), and where the final evaluations'
@@ -27,24 +31,34 @@ and the Finish step (waiting for the pool, then the final evaluation). Per run i
 
     python benchmarks/concurrent_episodes.py --episodes 64 --json concurrent_episodes.json
     python benchmarks/concurrent_episodes.py --device cuda --episodes 32,128,256 --jobs-per-gpu 1,4 --json throughput_gpu.json
+    python benchmarks/concurrent_episodes.py --device cuda --episodes 64 --pools local:1,ray:2 --jobs-per-gpu 1,4 --json scale.json
 
 ``--jobs-per-gpu 1,4`` runs each count with one job per GPU at a time (the schedule before jobs
 shared a GPU) and with four (evaluators/sharing.py), in the same process. ``--elements`` sets the
 task's size (``--elements 67108864``: a ~270 us kernel on an H100, against ~20 us at 4M).
 ``--matmul N`` plays the same policy on another task, an N x N float32 matmul with a tiled Triton
 solution (``tasks/matmul``): milliseconds of device work per call, so a job is mostly device work.
+
+``--pools local:1,ray:2`` runs each count through each pool in turn, in the same process: the
+local pool on the first GPU, then the Ray pool (``pool="ray"``) on a local Ray cluster given two
+GPUs, one job per GPU (``--jobs-per-gpu`` applies to the local pool). Each Ray run starts its own
+cluster and first plays one episode per GPU, so every Ray worker's fork server has started, as
+this process's has in the warm-up episode. Every run's episodes per hour are compared with those
+of the runs before it of the same count.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import resource
 import statistics
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -55,9 +69,9 @@ from _gpu import (
 from _memory import TreeMemory
 
 import kernel_env
-import kernel_env.runtime.pool
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.resources import example_dir
+from kernel_env.runtime.pool import SHORT_OF_MEMORY_STEP, GpuPool, LocalPool, RayPool, default_jobs_per_gpu
 from kernel_env.tasks import Task
 
 HERE = Path(__file__).resolve().parent
@@ -88,6 +102,25 @@ def configure(device: str, elements: int | None = None, matmul: int | None = Non
                 code=(example_dir() / "task.py").read_text().replace("1 << 24", str(elements)))
 
 
+@dataclass(frozen=True)
+class PoolSpec:
+    """A pool to run episodes through: its kind (local, ray) and how many GPUs it is given (0 on the CPU)."""
+
+    kind: str
+    gpus: int
+
+    def label(self, jobs_per_gpu: int) -> str:
+        if not self.gpus:
+            return f"{self.kind} pool"
+        label = f"{self.kind} pool, {self.gpus} GPU{'s' if self.gpus > 1 else ''}"
+        return label + (f", {jobs_per_gpu}/GPU" if self.kind == "local" else "")
+
+    def open(self, jobs_per_gpu: int) -> GpuPool:
+        if self.kind == "ray":
+            return RayPool(init_options={"num_gpus": self.gpus})
+        return LocalPool([f"cuda:{i}" for i in range(self.gpus)] or ["cpu"], jobs_per_gpu=jobs_per_gpu)
+
+
 def policy() -> list[dict]:
     """The scripted episode's actions, writing the configured task's solution."""
     return [
@@ -110,10 +143,11 @@ class EpisodeTimes:
     runtime_ms: float | None = None           # the final evaluation's times, so a reward that differs
     speedup_vs_compile: float | None = None   # between episodes of the same kernel says why
     steps_s: dict[str, float] | None = None   # the final evaluation's own account
+    ran_on: str | None = None                 # where it ran: host/device
     error: str | None = None
 
 
-async def episode(index: int, pool: kernel_env.runtime.pool.GpuPool | None = None) -> EpisodeTimes:
+async def episode(index: int, pool: GpuPool | None = None) -> EpisodeTimes:
     """One scripted episode; a failure is recorded, not raised (the benchmark counts errors)."""
     times, actions = EpisodeTimes(), policy()
     env = kernel_env.make("KernelAgent-v0", task=TASK, language="triton", device=DEVICE, max_turns=len(actions) + 5,
@@ -137,6 +171,7 @@ async def episode(index: int, pool: kernel_env.runtime.pool.GpuPool | None = Non
         times.correct, times.reward = bool(info["final"]["correct"]), reward
         times.evaluation_s = env.final.duration_s if env.final is not None else 0.0
         times.steps_s = dict(env.final.steps_s) if env.final is not None else None
+        times.ran_on = env.final.ran_on if env.final is not None else None
         times.runtime_ms = info["final"].get("runtime_ms")
         times.speedup_vs_compile = info["final"].get("speedup_vs_compile")
         if not times.correct and env.final is not None:  # why, in full: an honest kernel judged wrong is a bug
@@ -152,35 +187,40 @@ async def episode(index: int, pool: kernel_env.runtime.pool.GpuPool | None = Non
 
 
 class PoolMeter:
-    """When each evaluation job was submitted, started and ended (the local pool's, caught on the way)."""
+    """When each evaluation job was submitted, started, concluded and answered, caught at the pool's
+    ``submit`` (so for any pool), from the harness's own account of the job (``EvalResult``), wherever
+    it ran. It ran from its start to its conclusion; the ending of its processes (a Ray worker's job
+    counts it, as "end children", before its answer; a local pool's comes after the answer) holds its
+    slot but evaluates nothing, so it is not counted as running for either."""
 
-    def __init__(self):
-        self.jobs: dict[str, list[float]] = {}
-        self._submit, self._evaluate = kernel_env.runtime.pool.LocalPool.submit, kernel_env.runtime.pool.evaluate
+    def __init__(self, pool: GpuPool):
+        self.pool = pool
+        self.jobs: dict[str, tuple[float, float, float, float]] = {}
 
     def __enter__(self):
-        meter = self
+        submit = self.pool.submit
 
-        def submit(pool, job):
-            meter.jobs[job.job_id] = [time.monotonic(), 0.0, 0.0]
-            return meter._submit(pool, job)
+        def metered(job):
+            submitted = time.monotonic()
+            future = submit(job)
+            future.add_done_callback(lambda done: self._answered(job.job_id, submitted, done.result()))
+            return future
 
-        def evaluate(job, **options):
-            meter.jobs[job.job_id][1] = time.monotonic()
-            try:
-                return meter._evaluate(job, **options)
-            finally:
-                meter.jobs[job.job_id][2] = time.monotonic()
-
-        kernel_env.runtime.pool.LocalPool.submit, kernel_env.runtime.pool.evaluate = submit, evaluate
+        self.pool.submit = metered
         return self
 
+    def _answered(self, job_id: str, submitted: float, result) -> None:
+        answered = time.monotonic()
+        started = answered - result.duration_s
+        self.jobs[job_id] = (submitted, started, answered - result.steps_s.get("end children", 0.0), answered)
+
     def __exit__(self, *exc):
-        kernel_env.runtime.pool.LocalPool.submit, kernel_env.runtime.pool.evaluate = self._submit, self._evaluate
+        del self.pool.submit  # the class's own again
 
     def periods(self, running: bool) -> list[tuple[float, float]]:
-        """Disjoint intervals in which a job was running (or, with running=False, waiting or running)."""
-        spans = sorted((start if running else submitted, end) for submitted, start, end in self.jobs.values() if end)
+        """Disjoint intervals in which a job was running (or, with running=False, waiting, running or ending)."""
+        spans = sorted((started, concluded) if running else (submitted, answered)
+                       for submitted, started, concluded, answered in self.jobs.values())
         merged: list[list[float]] = []
         for begin, end in spans:
             if merged and begin <= merged[-1][1]:
@@ -209,9 +249,11 @@ def _mean_steps(results: list[EpisodeTimes], top: int = 10) -> dict[str, float]:
     return {name: round(seconds, 3) for name, seconds in sorted(means.items(), key=lambda kv: -kv[1])[:top]}
 
 
-async def run(count: int, concurrency: int, jobs_per_gpu: int) -> dict:
+async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec) -> dict:
     slots = asyncio.Semaphore(concurrency)
-    evaluator = kernel_env.runtime.pool.LocalPool(jobs_per_gpu=jobs_per_gpu)
+    evaluator = spec.open(jobs_per_gpu)
+    if isinstance(evaluator, RayPool):  # each Ray worker starts its fork server with its first job: one per GPU
+        await asyncio.gather(*(episode(-1, evaluator) for _ in range(max(1, spec.gpus))))
     done = 0
 
     async def limited(index: int) -> EpisodeTimes:
@@ -224,30 +266,41 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int) -> dict:
                   f"(evaluation {times.evaluation_s:.1f} s){', ' + times.error if times.error else ''}", flush=True)
         return times
 
-    lease = next(iter(evaluator.leases.values()), None)  # the first GPU's: the episodes run on cuda:0
-    with TreeMemory() as memory, PoolMeter() as pool, GpuSampler(period_ms=50) as gpu:
+    # The first device's lease (a local pool's; the Ray pool runs one job per GPU, with no lease).
+    lease = next(iter(evaluator.leases.values()), None) if isinstance(evaluator, LocalPool) else None
+    with contextlib.ExitStack() as stack:
+        memory, pool = stack.enter_context(TreeMemory()), stack.enter_context(PoolMeter(evaluator))
+        gpus = [stack.enter_context(GpuSampler(period_ms=50, index=index)) for index in range(spec.gpus)]
         cpu_before, lease_before = _cpu_ticks(), lease.account() if lease else {}
         started = time.perf_counter()
         results = await asyncio.gather(*(limited(i) for i in range(count)))
         wall = time.perf_counter() - started
         cpu_after, lease_after = _cpu_ticks(), lease.account() if lease else {}
     evaluator.close()
+    if isinstance(evaluator, RayPool):
+        import ray
+
+        ray.shutdown()
     spent = {state: seconds - lease_before[state] for state, seconds in lease_after.items()}
     lease_share = {state: round(seconds / max(sum(spent.values()), 1e-9), 3) for state, seconds in spent.items()} or None
     errors = [r.error for r in results if r.error or not r.correct]
     demand = pool.periods(running=False)
-    busy = [s["utilization.gpu"] for begin, end in demand for s in gpu.samples_between(begin, end)] if DEVICE == "cuda" else []
+    busy = [[s["utilization.gpu"] for begin, end in demand for s in gpu.samples_between(begin, end)] for gpu in gpus]
+    samples = [sample for per_gpu in busy for sample in per_gpu]
     return {
+        "pool": spec.kind, "gpus": spec.gpus,
         "episodes": count, "concurrency": concurrency, "jobs_per_gpu": jobs_per_gpu, "wall_s": round(wall, 1),
         "episodes_per_hour": round(3600 * count / wall),
         "jobs": len(pool.jobs), "jobs_waiting_or_running_s": round(_length(demand), 1),
         "pool_occupancy": round(_length(pool.periods(running=True)) / max(_length(demand), 1e-9), 3),
-        "gpu_busy_fraction": round(statistics.fmean(busy) / 100, 3) if busy else None, "gpu_samples": len(busy),
+        "gpu_busy_fraction": round(statistics.fmean(samples) / 100, 3) if samples else None, "gpu_samples": len(samples),
+        "gpu_busy_by_gpu": [round(statistics.fmean(per_gpu) / 100, 3) if per_gpu else None for per_gpu in busy],
+        "final_evaluations_by_device": dict(sorted(Counter(r.ran_on.rsplit("/", 1)[1] for r in results if r.ran_on).items())),
         "lease_share": lease_share,
         "cpu_busy_fraction": round((cpu_after[0] - cpu_before[0]) / max(cpu_after[1] - cpu_before[1], 1), 3),
         "evaluation_steps_s": _mean_steps(results),
         "errors": len(errors), "error_samples": sorted(set(e or "incorrect" for e in errors))[:3],
-        "run_again_alone": sum(1 for r in results if r.steps_s and kernel_env.runtime.pool.SHORT_OF_MEMORY_STEP in r.steps_s),
+        "run_again_alone": sum(1 for r in results if r.steps_s and SHORT_OF_MEMORY_STEP in r.steps_s),
         "reset_s_mean": _mean(r.reset_s for r in results), "tools_s_mean": _mean(r.tools_s for r in results),
         "finish_s_mean": _mean(r.finish_s for r in results), "finish_s_max": round(max(r.finish_s for r in results), 2),
         "evaluation_s_total": round(sum(r.evaluation_s for r in results), 1),
@@ -262,14 +315,24 @@ def _mean(values) -> float:
     return round(statistics.fmean(values), 2)
 
 
+def _comparisons(runs: list[tuple[str, dict]]) -> list[dict]:
+    """Each run's episodes per hour over those of every run before it of the same count."""
+    return [{"run": name, "over": earlier, "ratio": round(row["episodes_per_hour"] / before["episodes_per_hour"], 2)}
+            for index, (name, row) in enumerate(runs) for earlier, before in runs[:index]
+            if before["episodes"] == row["episodes"]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", default="64", help="episodes of each main run, all at once (comma-separated counts)")
     parser.add_argument("--baseline-episodes", type=int, default=4, help="episodes of the baseline, one at a time")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--jobs-per-gpu", default=str(kernel_env.runtime.pool.default_jobs_per_gpu()),
-                        help="jobs a GPU runs at once (evaluators/sharing.py); comma-separated values are each run in turn "
-                             "for every --episodes count, e.g. 1,4 (the CPU always runs one)")
+    parser.add_argument("--jobs-per-gpu", default=str(default_jobs_per_gpu()),
+                        help="jobs a GPU of the local pool runs at once (evaluators/sharing.py); comma-separated values "
+                             "are each run in turn for every --episodes count, e.g. 1,4 (the CPU always runs one)")
+    parser.add_argument("--pools", default="local", metavar="KIND[:GPUS],...",
+                        help="the pools each --episodes count runs through, in turn: local or ray (a local Ray cluster, "
+                             "one job per GPU), each given GPUS GPUs (default: every visible one), e.g. local:1,ray:2")
     parser.add_argument("--elements", type=int, help="the task's size (default: 4M on a GPU, 4096 on the CPU); "
                         "a larger one makes each job more device work")
     parser.add_argument("--matmul", type=int, metavar="N", help="an N x N float32 matmul instead of relu(x + y)")
@@ -278,45 +341,58 @@ def main() -> None:
     configure(args.device, args.elements, args.matmul)
     counts = [int(c) for c in args.episodes.split(",")]
     sharing = [int(j) for j in args.jobs_per_gpu.split(",")] if args.device == "cuda" else [1]
+    visible = torch.cuda.device_count() if args.device == "cuda" else 0
+    pools = []
+    for item in args.pools.split(","):
+        kind, _, gpus = item.partition(":")
+        if kind not in ("local", "ray") or (gpus and not (gpus.isdigit() and 0 < int(gpus) <= visible)):
+            parser.error(f"--pools {item!r}: give local or ray, and on --device cuda at most {visible} GPUs")
+        pools.append(PoolSpec(kind, int(gpus) if gpus else visible))
 
     def write(runs: list[tuple[str, dict]]) -> None:
         """The report so far (after every run: a command cut short by a time limit keeps the runs it finished)."""
         report = {"machine": platform.node(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
                   "device": args.device, "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                   "task": TASK.name, "self_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-                  "runs": dict(runs)}
+                  "runs": dict(runs), "comparisons": _comparisons(runs[1:])}
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 
     async def all_runs() -> list[tuple[str, dict]]:
         await episode(-1)  # warm up: the baseline cache, Python's imports, the file cache
-        runs = [("sequential", await run(args.baseline_episodes, 1, 1))]
+        runs = [("sequential", await run(args.baseline_episodes, 1, 1, PoolSpec("local", min(visible, 1))))]
         write(runs)
         for count in counts:
-            for jobs in sharing:
-                name = f"{count} at once" + (f", {jobs}/GPU" if args.device == "cuda" else "")
-                runs.append((name, await run(count, count, jobs)))
-                row = runs[-1][1]
-                print(f"{name}: {row['wall_s']} s, {row['episodes_per_hour']} episodes/hour, {row['errors']} wrong", flush=True)
-                write(runs)
+            for spec in pools:
+                for jobs in sharing if spec.kind == "local" else [1]:
+                    name = f"{count} at once, {spec.label(jobs)}"
+                    runs.append((name, await run(count, count, jobs, spec)))
+                    row = runs[-1][1]
+                    print(f"{name}: {row['wall_s']} s, {row['episodes_per_hour']} episodes/hour, {row['errors']} wrong",
+                          flush=True)
+                    write(runs)
         return runs
 
     runs = asyncio.run(all_runs())
     print(f"{args.device}, {TASK.name}:")
-    print(f"{'run':<22}{'episodes':>9}{'wall s':>9}{'eps/hour':>10}{'reset s':>9}{'tools s':>9}{'finish s':>10}"
+    width = max(len(name) for name, _ in runs) + 2
+    print(f"{'run':<{width}}{'episodes':>9}{'wall s':>9}{'eps/hour':>10}{'reset s':>9}{'tools s':>9}{'finish s':>10}"
           f"{'max fin s':>11}{'pool occ':>10}{'gpu busy':>10}{'peak MB':>9}{'procs':>7}{'errors':>8}")
     for name, row in runs:
         busy = "-" if row["gpu_busy_fraction"] is None else f"{row['gpu_busy_fraction']:.3f}"
-        print(f"{name:<22}{row['episodes']:>9}{row['wall_s']:>9}{row['episodes_per_hour']:>10}{row['reset_s_mean']:>9}"
+        print(f"{name:<{width}}{row['episodes']:>9}{row['wall_s']:>9}{row['episodes_per_hour']:>10}{row['reset_s_mean']:>9}"
               f"{row['tools_s_mean']:>9}{row['finish_s_mean']:>10}{row['finish_s_max']:>11}{row['pool_occupancy']:>10.3f}"
               f"{busy:>10}{row['peak_tree_rss_mb']:>9}{row['peak_processes']:>7}{row['errors']:>8}")
     self_peak_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     sequential = runs[0][1]["episodes_per_hour"]
     print(f"peak RSS of this process alone: {self_peak_mb} MB; throughput over sequential: "
           + ", ".join(f"{name} {row['episodes_per_hour'] / sequential:.2f}x" for name, row in runs[1:]))
+    for comparison in _comparisons(runs[1:]):
+        print(f"{comparison['run']} over {comparison['over']}: {comparison['ratio']:.2f}x episodes/hour")
     for name, row in runs:
         lease = ", ".join(f"{state} {share:.0%}" for state, share in (row["lease_share"] or {}).items()) or "-"
+        devices = ", ".join(f"{device} {jobs}" for device, jobs in row["final_evaluations_by_device"].items())
         print(f"{name}: processors busy {row['cpu_busy_fraction']:.0%}; GPU lease: {lease}; "
-              f"jobs run again alone, short of device memory: {row['run_again_alone']}")
+              f"jobs run again alone, short of device memory: {row['run_again_alone']}; final evaluations on: {devices}")
         print("  final evaluation, mean s: " + ", ".join(f"{step} {s}" for step, s in row["evaluation_steps_s"].items()))
     for _, row in runs:
         for sample in row["error_samples"]:

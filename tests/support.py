@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import textwrap
+import time
+from pathlib import Path
 
 TINY_TASK = textwrap.dedent(
     """\
@@ -90,3 +92,40 @@ def memory_limit_skip_reason(backend: str = "local") -> str | None:
         return None
     return ("NOT ENFORCED ON THIS HOST: no cgroup can be created (no writable memory controller), so only the "
             "per-process address-space cap (RLIMIT_AS) bounds memory, not the sandbox as a whole")
+
+
+# ----------------------------------------------------------------------------- Ray
+
+
+def ray_task_worker(avoid: frozenset[int] = frozenset(), timeout: float = 120.0) -> int:
+    """The pid of a Ray worker executing a job of the Ray pool (``evaluate_remote``), other than
+    those in ``avoid``, waited for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [pid for pid in _ray_task_workers("evaluate_remote") if pid not in avoid]
+        if pids:
+            return pids[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no Ray worker ran a job within {timeout:.0f} s")
+
+
+def _ray_task_workers(name: str) -> list[int]:
+    """The Ray workers executing a task of this name (Ray titles a busy worker process `ray::<task name>`)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if handle.read().startswith(f"ray::{name}".encode()):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    # A worker's child between fork and exec (the job's sandbox starting) bears the same title.
+    return [pid for pid in found if _parent(pid) not in found]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+from support import ray_task_worker
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kernel_env[ray]')")
 
@@ -58,37 +58,10 @@ def test_cuda_jobs_on_a_cluster_without_gpus_are_answered_with_an_error(ray_pool
     assert not result.correct and "no GPU" in result.error and result.reward is None and result.fault == "evaluator"
 
 
-def _workers_running(name: str = "evaluate_remote") -> list[int]:
-    """Ray workers executing our task (Ray titles a busy worker process `ray::<task name>`)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    if handle.read().startswith(f"ray::{name}".encode()):
-                        found.append(int(entry))
-            except OSError:
-                pass
-    # A worker's child between fork and exec (the job's sandbox starting) bears the same title.
-    return [pid for pid in found if _parent(pid) not in found]
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _kill_the_worker(timeout: float = 120.0, avoid: frozenset[int] = frozenset()) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pids = [pid for pid in _workers_running() if pid not in avoid]
-        if pids:
-            os.kill(pids[0], signal.SIGKILL)
-            return pids[0]
-        time.sleep(0.2)
-    pytest.fail("no Ray worker ran the job")
+def _kill_the_worker(avoid: frozenset[int] = frozenset()) -> int:
+    pid = ray_task_worker(avoid)
+    os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 def test_a_job_whose_worker_dies_is_retried_once_then_answered_with_an_error(ray_pool, tmp_path):

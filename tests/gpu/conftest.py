@@ -8,5 +8,7 @@ from kernel_env.runtime.pool import LocalPool
 
 @pytest.fixture(scope="session")
 def pool(tmp_path_factory):
-    with LocalPool(baselines=BaselineCache(tmp_path_factory.mktemp("baselines"))) as pool:
+    """The local pool on the first GPU alone: the tests of jobs sharing a device need every job on the
+    same one (on a host of several GPUs, a pool of all of them runs two jobs on two GPUs)."""
+    with LocalPool(["cuda:0"], baselines=BaselineCache(tmp_path_factory.mktemp("baselines"))) as pool:
         yield pool

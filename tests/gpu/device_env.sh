@@ -2,6 +2,11 @@
 # unpacks carried Debian packages (.deb/, for bubblewrap) and wheels (.whl/; .whlray/ for the
 # Ray tests, with Ray as a slimmed tarball) when present, and installs kernel_env in editable
 # mode without touching the index.
+# .whlray/ as made for a 2026-11 device image: the wheels of Ray's needs it lacks (jsonschema,
+# jsonschema-specifications, referencing, rpds-py), and ray-<version>-slim.tar.xz, the contents of
+# Ray's wheel (ray/ and its dist-info) less what a local cluster without a dashboard never loads:
+# ray/jars, ray/dashboard/client, and ray/{rllib,data,serve,llm,train,tune} (28 MB against the
+# 79 MB wheel, which would not fit the 64 MiB a device call carries beside .whl/).
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 if ! command -v bwrap >/dev/null && compgen -G ".deb/*.deb" >/dev/null; then
     for deb in .deb/*.deb; do dpkg -x "$deb" /tmp/debroot; done

@@ -1,24 +1,38 @@
-"""The Ray pool on a machine with two or more GPUs: one job per GPU, two jobs at once."""
+"""The Ray pool on a machine with two or more GPUs (a local Ray cluster given two of them): one job
+per GPU, two jobs at once, each on the GPU its result names; a worker killed mid-job has its job
+retried and answered while the job on the other GPU goes on."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
+from support import ray_task_worker
 
-from kernel_env.evaluators.records import EvalJob, EvalSettings, Mode
+from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
 from kernel_env.resources import example_dir
+from kernel_env.runtime.pool import RayPool
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kernel_env[ray]')")
-from kernel_env.runtime.pool import RayPool  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
 
 TASK_CODE = (example_dir() / "task.py").read_text().replace("N = 1 << 24", "N = 1 << 26")
 SOLUTION = (Path(__file__).parent / "solutions" / "turn4_fused.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def ray_pool():
+    ray.init(num_gpus=2, num_cpus=8, include_dashboard=False, log_to_driver=False)
+    pool = RayPool()
+    yield pool
+    pool.close()
+    ray.shutdown()
 
 
 def _job(tmp_path: Path) -> EvalJob:
@@ -30,22 +44,39 @@ def _job(tmp_path: Path) -> EvalJob:
                    language="triton", device="cuda", mode=Mode.PROFILE, snapshot_dir=snapshot, settings=settings)
 
 
-def test_two_jobs_run_at_once_each_on_its_own_gpu(tmp_path):
-    ray.init(num_gpus=2, num_cpus=8, include_dashboard=False, log_to_driver=False)
-    try:
-        pool = RayPool()
-        assert pool.gpus == 2 and pool.max_in_flight == 2
-        pool.submit(_job(tmp_path)).result(timeout=600)  # Triton's and the workers' first start out of the way
-        started = time.monotonic()
-        futures = [pool.submit(_job(tmp_path)) for _ in range(2)]
-        results = [future.result(timeout=600) for future in futures]
-        wall = time.monotonic() - started
-        pool.close()
-    finally:
-        ray.shutdown()
+def _gpu(result: EvalResult) -> str:
+    """The GPU the job ran on, by the host's numbering (``EvalResult.ran_on`` is ``host/cuda:N``)."""
+    return result.ran_on.rsplit("/", 1)[1]
+
+
+def test_two_jobs_run_at_once_each_on_its_own_gpu(ray_pool, tmp_path):
+    assert ray_pool.gpus == 2 and ray_pool.max_in_flight == 2
+    # Out of the way first: Triton's first compile, and each worker's first job (its fork server's start).
+    for warm_up in [ray_pool.submit(_job(tmp_path)) for _ in range(2)]:
+        warm_up.result(timeout=600)
+    started = time.monotonic()
+    futures = [ray_pool.submit(_job(tmp_path)) for _ in range(2)]
+    results = [future.result(timeout=600) for future in futures]
+    wall = time.monotonic() - started
     for result in results:
         assert result.correct and result.reward >= 2, (result.error, result.violations)
-    devices = {result.ran_on.rsplit("/", 1)[1] for result in results}
-    assert devices == {"cuda:0", "cuda:1"}, [result.ran_on for result in results]
+    assert {_gpu(result) for result in results} == {"cuda:0", "cuda:1"}, [result.ran_on for result in results]
     # Run one after the other, the two would take the sum of their durations.
     assert wall < 0.75 * sum(result.duration_s for result in results), (wall, [r.duration_s for r in results])
+
+
+def test_a_worker_killed_mid_job_has_its_job_retried_and_the_other_gpu_goes_on(ray_pool, tmp_path):
+    killed = ray_pool.submit(_job(tmp_path))
+    victim = ray_task_worker()  # the only job on the cluster: its worker holds one GPU
+    other = ray_pool.submit(_job(tmp_path))
+    bystander = ray_task_worker(avoid=frozenset({victim}))  # the other job, on the other GPU
+    time.sleep(1.0)  # into the job: its snapshot unpacked, its processes starting
+    assert not killed.done()
+    os.kill(victim, signal.SIGKILL)
+    retried, unaffected = killed.result(timeout=300), other.result(timeout=300)
+    for result in (retried, unaffected):
+        assert result.correct and result.reward >= 2 and result.fault is None, (result.error, result.violations)
+    # The retry took the GPU the kill freed: the other one was still busy with the other job.
+    assert {_gpu(retried), _gpu(unaffected)} == {"cuda:0", "cuda:1"}, (retried.ran_on, unaffected.ran_on)
+    os.kill(bystander, 0)  # the other job's worker is alive: only the victim was lost
+    assert ray_pool.submit(_job(tmp_path)).result(timeout=300).correct  # and the pool goes on
