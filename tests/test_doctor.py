@@ -90,8 +90,8 @@ def test_a_machine_where_grading_is_broken_says_so_and_is_not_ok():
     error = "building the reference Model failed: ref_init raised ModuleNotFoundError: No module named 'x'"
     facts = _healthy_cpu_machine(grade=Grade("cpp", "cpu", correct=False, fault="evaluator", error=error, seconds=40.0))
     meaning, missing = interpret(facts)
-    assert len(missing) == 1 and missing[0].startswith("grading: the bundled example's cpp on the CPU solution, which "
-                                                       "is correct, was judged wrong (evaluator's fault)")
+    assert len(missing) == 1 and missing[0].startswith("grading: the bundled example's cpp solution, on the CPU, "
+                                                       "which is correct, was judged wrong (evaluator's fault)")
     assert error in missing[0]
     good = _healthy_cpu_machine(grade=Grade("cpp", "cpu", correct=True, fault=None, error=None, seconds=40.0))
     assert interpret(good)[1] == [] and any(line.startswith("grading works") for line in interpret(good)[0])

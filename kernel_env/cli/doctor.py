@@ -20,11 +20,13 @@ from kernel_env.workloads.doctor import Facts, Findings, examine
 
 def doctor(as_json: options.Json = False,
            grade: bool = typer.Option(True, "--grade/--no-grade", help="Grade the bundled example end to end "
-                                      "(about a minute on a CPU): the one check that proves evaluations work here.")) -> None:
+                                      "(a minute or more on a CPU, several on a busy one): the one check that "
+                                      "proves evaluations work here.")) -> None:
     """What this machine has (GPU, compilers, sandbox, tools) and what that means for kernel_env."""
-    with Phases(quiet=as_json) as phases:
+    with Phases(quiet=False) as phases:  # on stderr: --json's stdout stays one JSON object
         if grade:
-            phases.start("probing this machine and grading the bundled example", "about a minute on a CPU")
+            phases.start("probing this machine and grading the bundled example",
+                         "a minute or more on a CPU, several on a busy one")
         else:
             phases.start("probing this machine")
         findings = examine(grade=grade)

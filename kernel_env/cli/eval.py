@@ -164,7 +164,8 @@ class _EvalProgress:
                                          f"{summary.turn_limit + summary.context_limit} at a limit · "
                                          f"{len(summary.errors)} errors · {len(summary.evaluator_faults)} evaluator faults")
         final = record.final or {}
-        self._line(f"{record.task_id}: {record.stop} after {record.turns} turns ({record.duration_s:.0f} s), reward "
+        turns = f"{record.turns} turn{'s' if record.turns != 1 else ''}"
+        self._line(f"{record.task_id}: {record.stop} after {turns} ({record.duration_s:.0f} s), reward "
                    f"{record.reward if record.reward is not None else '—'}, correct {final.get('correct')}"
                    + (f" ({record.error})" if record.error else ""))
 

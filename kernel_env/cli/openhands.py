@@ -62,10 +62,13 @@ def openhands(
 
     os.environ.setdefault("LOG_LEVEL", "ERROR")  # OpenHands' log would bury the report (set LOG_LEVEL to see it)
     try:
+        # The plug-in first: importing it sets litellm's and OpenHands' environment defaults (no
+        # banner, no cost map fetched from the network) before either is imported.
+        # isort: off
+        from kernel_env.integrations.openhands import run_openhands
         from openhands.sdk import LLM
         from pydantic import SecretStr
-
-        from kernel_env.integrations.openhands import run_openhands  # first: it sets litellm's environment defaults
+        # isort: on
     except ModuleNotFoundError as exc:
         fail(f"the OpenHands plug-in needs its extra ({exc.name or exc} is missing): pip install 'kernel_env[openhands]'")
     settings = options.parse_settings(settings_json)

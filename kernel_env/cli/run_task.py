@@ -180,7 +180,7 @@ def _run_solution(task: Task, solution: Path, *, language: str, sandbox: str, de
     if not (solution / "model_new.py").is_file():
         fail(f"solution {solution}: no model_new.py there (a solution folder holds model_new.py and kernels/)")
     try:
-        with Phases(quiet=as_json) as phases:
+        with Phases(quiet=False) as phases:  # on stderr: --json's stdout stays one JSON object
             # The pool says when the evaluation begins: the build is over then.
             pool = ObservedPool(default_pool(), lambda job: phases.start(
                 "verifying and timing", f"the trusted evaluation on {_where(job.device)}"))

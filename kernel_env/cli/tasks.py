@@ -9,6 +9,7 @@ baseline, or a header build) failed.
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import typer
@@ -17,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kernel_env.cli import options
-from kernel_env.cli.common import EXIT_OK, EXIT_TASK_FAILED, err, fail, out, print_json, progress_bar
+from kernel_env.cli.common import EXIT_OK, EXIT_TASK_FAILED, err, fail, out, print_json, progress_bar, stamped
 from kernel_env.cli.sources import load_source, select
 from kernel_env.tasks import Task, TaskError, validate_task
 
@@ -138,11 +139,16 @@ def _check_all(selected: list[Task], jobs: int, *, quiet: bool, allow_trivial: b
 
     progress = Progress(TextColumn("checking tasks"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=err, transient=True, disable=quiet or not selected)
+    started = time.monotonic()
     with progress, ThreadPoolExecutor(max_workers=jobs) as pool:
         bar = progress.add_task("", total=len(selected))
-        for task, result in pool.map(probe, selected):
+        for done, (task, result) in enumerate(pool.map(probe, selected), start=1):
             results[task.id] = result
             progress.update(bar, advance=1, description=task.id)
+            if not quiet and not err.is_terminal:  # a log gets a line per task (a terminal, the bar)
+                verdict = "bad" if isinstance(result, TaskError) else "trivial" if result.trivial else "ok"
+                err.print(escape(stamped(time.monotonic() - started, f"checked {done}/{len(selected)}: {task.id}: "
+                                                                      f"{verdict}")), soft_wrap=True)
     return results
 
 

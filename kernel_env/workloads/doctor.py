@@ -148,7 +148,7 @@ class Findings:
 
 def examine(*, grade: bool = True) -> Findings:
     """Probe this machine and read the facts: a few seconds (it forks an evaluation child), and
-    with ``grade`` the bundled example graded end to end (about a minute on a CPU)."""
+    with ``grade`` the bundled example graded end to end (a minute or more on a CPU)."""
     facts = gather_facts()
     if grade:
         facts = dataclasses.replace(facts, grade=grade_example(facts))
@@ -301,8 +301,10 @@ def interpret(f: Facts) -> tuple[list[str], list[str]]:
         meaning.append(f"no {absent}: utils/compile.sh cannot build cpp or cuda kernels; triton still works.")
 
     if f.bubblewrap.works:
+        uid = ("the agent's uid maps to this host's root (run as a user to give agents an unprivileged uid)"
+               if f.root else "an unprivileged uid")
         meaning.append("the local sandbox isolates agents with bubblewrap: read-only toolchain and protected files, "
-                       "private /tmp, no network, own pid namespace, non-root uid.")
+                       f"private /tmp, no network, own pid namespace, {uid}.")
     else:
         meaning.append(f"the local sandbox is NOT isolated: {f.bubblewrap.problem}. Agent commands would run on this "
                        "host with resource limits only; do not run untrusted agents here.")
@@ -327,12 +329,12 @@ def interpret(f: Facts) -> tuple[list[str], list[str]]:
     if not f.ripgrep.version:
         meaning.append("no ripgrep: the Grep tool falls back to grep -rE (slower, fewer file types).")
     if f.grade is not None:
-        where = f"{f.grade.language} on the {f.grade.device.upper()}"
+        where = f"{f.grade.language} solution, on the {f.grade.device.upper()},"
         if f.grade.correct:
-            meaning.append(f"grading works: the bundled example's {where} solution was built, verified and timed "
+            meaning.append(f"grading works: the bundled example's {where} was built, verified and timed "
                            f"by the trusted harness in {f.grade.seconds:.0f} s.")
         else:
-            missing.append(f"grading: the bundled example's {where} solution, which is correct, was judged wrong "
+            missing.append(f"grading: the bundled example's {where} which is correct, was judged wrong "
                            f"({f.grade.fault or 'unknown'}'s fault): {f.grade.error}. No evaluation on this machine "
                            "can be trusted until this is fixed.")
     if f.docker.engine:

@@ -492,8 +492,10 @@ class _Run:
             self.summary.success_fast += 1
         else:
             self.summary.max_turns_reached += 1
-        self._finish(item, f"{item.sample_key}: {reason} after {item.turn_num} turn(s), "
-                           f"speed-up {turn['result']['speedup']:.2f}x")
+        result = turn["result"]
+        outcome = f"speed-up {result['speedup']:.2f}x" if result.get("correctness") else \
+            f"not correct: {(result.get('error') or 'wrong outputs').splitlines()[0][:160]}"
+        self._finish(item, f"{item.sample_key}: {reason} after {item.turn_num} turn(s), {outcome}")
 
     def _drop(self, item: QueueItem, why: str) -> None:
         self.summary.failed[item.sample_key] = why
