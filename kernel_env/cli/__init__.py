@@ -12,7 +12,9 @@ its options, calls the library and renders the result.
     generate              refine-loop traces (SFT data) from a model server               generate.py
     eval SOURCE           a tool-calling model as a KernelAgent-v0 agent over a task set  eval.py
     report RUN            an eval run's metrics again, from its run file                  eval.py
+    export RUN            an eval run's trajectories for rejection fine-tuning (filtered)   eval.py
     openhands TASK        an OpenHands agent on one task, in its sandbox                  openhands.py
+    serve                 KernelAgent-v0 or KernelRefine-v0 as an OpenEnv server          serve.py
 
 Shared: ``common.py`` (exit codes, the consoles that wrap only on a terminal, ``fail``, JSON,
 the phases of long jobs, the command classes every command is made with, Ctrl-C for async runs),
@@ -33,7 +35,7 @@ import importlib.metadata
 
 import typer
 
-from kernel_env.cli import doctor, eval, generate, image, openhands, run_task, synth, tasks
+from kernel_env.cli import doctor, eval, generate, image, openhands, run_task, serve, synth, tasks
 from kernel_env.cli.common import EXIT_OK, Command, Group, out
 
 app = typer.Typer(
@@ -74,4 +76,6 @@ app.add_typer(synth.app, name="synth")
 app.command("generate", cls=Command)(generate.generate)
 app.command("eval", cls=Command)(eval.eval_command)
 app.command("report", cls=Command)(eval.report)
+app.command("export", cls=Command)(eval.export)
 app.command("openhands", cls=Command)(openhands.openhands)
+app.command("serve", cls=Command)(serve.serve)
