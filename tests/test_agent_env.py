@@ -10,17 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from concurrent.futures import Future
 from pathlib import Path
 
 import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
-from support import bubblewrap_skip_reason
+from support import FinalEvaluatorFault, bubblewrap_skip_reason
 
 import kernel_env
 from kernel_env.envs.agent import KernelAgentEnv
-from kernel_env.evaluators.records import EvalResult, EvalSettings, Mode
+from kernel_env.evaluators.records import EvalSettings
 from kernel_env.resources import example_dir
 from kernel_env.tasks import Task
 
@@ -178,27 +177,6 @@ def test_milestone_shaping_pays_when_first_reached_and_sums_to_the_final_reward(
         assert sum(rewards) == info["final"]["reward"] == 1.0 and rewards[-1] == 0.0
     finally:
         env.close()
-
-
-class FinalEvaluatorFault:
-    """The shared pool, but every final evaluation fails by the evaluator's fault (a worker lost)."""
-
-    def __init__(self):
-        from kernel_env.runtime.pool import default_pool
-
-        self.inner, self.finals = default_pool(), 0
-
-    def submit(self, job):
-        if job.mode is not Mode.FINAL:
-            return self.inner.submit(job)
-        self.finals += 1
-        answer = Future()
-        answer.set_result(EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
-                                     mode=job.mode, error="the Ray worker running this job died twice", fault="evaluator"))
-        return answer
-
-    def close(self):
-        pass
 
 
 def test_an_evaluators_fault_in_the_final_evaluation_is_never_paid():

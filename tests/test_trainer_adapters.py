@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -24,13 +23,12 @@ import skyrl_gym
 import verifiers as vf
 from omegaconf import OmegaConf
 from scripted_llm import Reply, ScriptedLLM
-from support import bubblewrap_skip_reason
+from support import FinalEvaluatorFault, bubblewrap_skip_reason
 
-from kernel_env.evaluators.records import EvalResult, EvalSettings, Mode
+from kernel_env.evaluators.records import EvalSettings
 from kernel_env.integrations import skyrl as kernel_skyrl
 from kernel_env.integrations.verifiers import KernelEnv
 from kernel_env.resources import example_dir
-from kernel_env.runtime.pool import default_pool
 from kernel_env.tasks import Task
 from kernel_env.tools import ALL_TOOL_NAMES
 from kernel_env.workloads.agent_eval import NUDGE, SYSTEM_PROMPT
@@ -170,24 +168,6 @@ def test_a_rollout_cut_by_its_timeout_lets_the_running_step_end_and_pay_then_is_
     info = output["kernel_env_info"]
     assert info["turn"] == 1 and [e["mode"] for e in info["evaluations"]] == ["verify", "final"]
     assert info["final"]["correct"] and output["reward"] == 1.0
-
-
-class FinalEvaluatorFault:
-    """The shared pool, but every final evaluation fails by the evaluator's fault (a worker lost)."""
-
-    def __init__(self):
-        self.inner = default_pool()
-
-    def submit(self, job):
-        if job.mode is not Mode.FINAL:
-            return self.inner.submit(job)
-        answer = Future()
-        answer.set_result(EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
-                                     mode=job.mode, error="the Ray worker running this job died twice", fault="evaluator"))
-        return answer
-
-    def close(self):
-        pass
 
 
 def test_an_evaluators_fault_is_the_rollouts_error_so_prime_rl_reschedules_it():
