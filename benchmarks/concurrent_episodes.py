@@ -21,8 +21,9 @@ and the Finish step (waiting for the pool, then the final evaluation). Per run i
   (share of time any kernel ran), sampled by nvidia-smi every 50 ms on each of them, an
   independent account (their mean, and each GPU's in the JSON);
 - where the final evaluations ran (``EvalResult.ran_on``: how many on each device);
-- on a shared GPU, how the device's lease spent the run (``DeviceLease.account()``): a timing run
-  holding it, a timing run waiting for untimed steps to end ("draining"), untimed steps only, idle;
+- on shared GPUs, how the devices' leases spent the run (``DeviceLease.account()``, summed over the
+  GPUs, a Ray pool's from its actors): a timing run holding one, a timing run waiting for untimed
+  steps to end ("draining"), untimed steps only, idle;
 - the share of the machine's processors in use (``/proc/stat``), and where the final evaluations'
   time went on average (``EvalResult.steps_s``, "waiting for the device" included);
 - the memory of the whole process tree (sandboxes, servers and evaluation children are child
@@ -41,9 +42,9 @@ solution (``tasks/matmul``): milliseconds of device work per call, so a job is m
 
 ``--pools local:1,ray:2`` runs each count through each pool in turn, in the same process: the
 local pool on the first GPU, then the Ray pool (``pool="ray"``) on a local Ray cluster given two
-GPUs, one job per GPU (``--jobs-per-gpu`` applies to the local pool). Each Ray run starts its own
-cluster and first plays one episode per GPU, so every Ray worker's fork server has started, as
-this process's has in the warm-up episode. Every run's episodes per hour are compared with those
+GPUs: one actor per GPU running a local pool of it, so ``--jobs-per-gpu`` applies to both. Each Ray
+run starts its own cluster and first plays one episode per GPU, so every actor's fork server has
+started, as this process's has in the warm-up episode. Every run's episodes per hour are compared with those
 of the runs before it of the same count.
 """
 
@@ -112,12 +113,11 @@ class PoolSpec:
     def label(self, jobs_per_gpu: int) -> str:
         if not self.gpus:
             return f"{self.kind} pool"
-        label = f"{self.kind} pool, {self.gpus} GPU{'s' if self.gpus > 1 else ''}"
-        return label + (f", {jobs_per_gpu}/GPU" if self.kind == "local" else "")
+        return f"{self.kind} pool, {self.gpus} GPU{'s' if self.gpus > 1 else ''}, {jobs_per_gpu}/GPU"
 
     def open(self, jobs_per_gpu: int) -> GpuPool:
         if self.kind == "ray":
-            return RayPool(init_options={"num_gpus": self.gpus})
+            return RayPool(init_options={"num_gpus": self.gpus}, jobs_per_gpu=jobs_per_gpu)
         return LocalPool([f"cuda:{i}" for i in range(self.gpus)] or ["cpu"], jobs_per_gpu=jobs_per_gpu)
 
 
@@ -230,6 +230,14 @@ class PoolMeter:
         return [(a, b) for a, b in merged]
 
 
+def _lease_account(pool: GpuPool) -> dict[str, float]:
+    """Seconds the pool's device leases have spent in each state so far, summed over its devices (a
+    local pool's, or those in a Ray pool's actors): none where each device runs one job at a time."""
+    accounts = list(pool.leases.values()) if isinstance(pool, LocalPool) else list(pool.leases().values())
+    accounts = [lease.account() if isinstance(pool, LocalPool) else lease for lease in accounts]
+    return {state: sum(account[state] for account in accounts) for state in accounts[0]} if accounts else {}
+
+
 def _length(periods) -> float:
     return sum(end - begin for begin, end in periods)
 
@@ -252,7 +260,7 @@ def _mean_steps(results: list[EpisodeTimes], top: int = 10) -> dict[str, float]:
 async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec) -> dict:
     slots = asyncio.Semaphore(concurrency)
     evaluator = spec.open(jobs_per_gpu)
-    if isinstance(evaluator, RayPool):  # each Ray worker starts its fork server with its first job: one per GPU
+    if isinstance(evaluator, RayPool):  # each actor starts its fork server with its first job: one per GPU
         await asyncio.gather(*(episode(-1, evaluator) for _ in range(max(1, spec.gpus))))
     done = 0
 
@@ -266,16 +274,14 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec) -
                   f"(evaluation {times.evaluation_s:.1f} s){', ' + times.error if times.error else ''}", flush=True)
         return times
 
-    # The first device's lease (a local pool's; the Ray pool runs one job per GPU, with no lease).
-    lease = next(iter(evaluator.leases.values()), None) if isinstance(evaluator, LocalPool) else None
     with contextlib.ExitStack() as stack:
         memory, pool = stack.enter_context(TreeMemory()), stack.enter_context(PoolMeter(evaluator))
         gpus = [stack.enter_context(GpuSampler(period_ms=50, index=index)) for index in range(spec.gpus)]
-        cpu_before, lease_before = _cpu_ticks(), lease.account() if lease else {}
+        cpu_before, lease_before = _cpu_ticks(), _lease_account(evaluator)
         started = time.perf_counter()
         results = await asyncio.gather(*(limited(i) for i in range(count)))
         wall = time.perf_counter() - started
-        cpu_after, lease_after = _cpu_ticks(), lease.account() if lease else {}
+        cpu_after, lease_after = _cpu_ticks(), _lease_account(evaluator)
     evaluator.close()
     if isinstance(evaluator, RayPool):
         import ray
@@ -328,11 +334,11 @@ def main() -> None:
     parser.add_argument("--baseline-episodes", type=int, default=4, help="episodes of the baseline, one at a time")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--jobs-per-gpu", default=str(default_jobs_per_gpu()),
-                        help="jobs a GPU of the local pool runs at once (evaluators/sharing.py); comma-separated values "
+                        help="jobs a GPU runs at once (evaluators/sharing.py); comma-separated values "
                              "are each run in turn for every --episodes count, e.g. 1,4 (the CPU always runs one)")
     parser.add_argument("--pools", default="local", metavar="KIND[:GPUS],...",
                         help="the pools each --episodes count runs through, in turn: local or ray (a local Ray cluster, "
-                             "one job per GPU), each given GPUS GPUs (default: every visible one), e.g. local:1,ray:2")
+                             "an actor per GPU), each given GPUS GPUs (default: every visible one), e.g. local:1,ray:2")
     parser.add_argument("--elements", type=int, help="the task's size (default: 4M on a GPU, 4096 on the CPU); "
                         "a larger one makes each job more device work")
     parser.add_argument("--matmul", type=int, metavar="N", help="an N x N float32 matmul instead of relu(x + y)")
@@ -363,7 +369,7 @@ def main() -> None:
         write(runs)
         for count in counts:
             for spec in pools:
-                for jobs in sharing if spec.kind == "local" else [1]:
+                for jobs in sharing:
                     name = f"{count} at once, {spec.label(jobs)}"
                     runs.append((name, await run(count, count, jobs, spec)))
                     row = runs[-1][1]

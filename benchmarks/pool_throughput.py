@@ -2,8 +2,9 @@
 
 Submits the same N verification jobs (a tiny relu(x + y) task, the bundled Triton solution run
 by Triton's interpreter) to each pool at once and measures how long the queue takes to drain.
-The local pool runs one CPU job at a time (CPU timings are only honest alone); the Ray pool runs
-one per `cpu_job_cpus` CPUs of the cluster. Prints a table and writes JSON.
+Both run ``jobs_per_cpu`` jobs at once (each timing run alone): the local pool in this process,
+the Ray pool in its actor for this node's CPU, so the difference is what Ray adds (sending the
+snapshot, the actor's round trip). Prints a table and writes JSON.
 
     python benchmarks/pool_throughput.py --jobs 200 --json pool_throughput.json
 """
@@ -61,9 +62,9 @@ def main() -> None:
         ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
         try:
             with RayPool() as pool:
-                drain(pool, jobs[:pool.max_in_flight])  # start the workers
+                drain(pool, jobs[:pool.slots])  # the actor's fork server
                 remote = drain(pool, jobs)
-                remote["slots"] = pool.max_in_flight
+                remote["slots"] = pool.slots
         finally:
             ray.shutdown()
 

@@ -10,7 +10,6 @@ import os
 import textwrap
 import time
 from concurrent.futures import Future
-from pathlib import Path
 
 from kernel_env.evaluators.records import EvalResult, Mode
 
@@ -100,38 +99,27 @@ def memory_limit_skip_reason(backend: str = "local") -> str | None:
 # ----------------------------------------------------------------------------- Ray
 
 
-def ray_task_worker(avoid: frozenset[int] = frozenset(), timeout: float = 120.0) -> int:
-    """The pid of a Ray worker executing a job of the Ray pool (``evaluate_remote``), other than
-    those in ``avoid``, waited for up to ``timeout`` seconds."""
+def ray_busy_worker(pool, avoid: frozenset[int] = frozenset(), timeout: float = 120.0) -> int:
+    """The pid of a started actor of a RayPool that runs a job, other than those in ``avoid``,
+    waited for up to ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pids = [pid for pid in _ray_task_workers("evaluate_remote") if pid not in avoid]
+        pids = [w["pid"] for w in pool.workers() if w["ready"] and w["running"] and w["pid"] not in avoid]
         if pids:
             return pids[0]
         time.sleep(0.1)
-    raise AssertionError(f"no Ray worker ran a job within {timeout:.0f} s")
+    raise AssertionError(f"no actor of the Ray pool ran a job within {timeout:.0f} s: {pool.workers()}")
 
 
-def _ray_task_workers(name: str) -> list[int]:
-    """The Ray workers executing a task of this name (Ray titles a busy worker process `ray::<task name>`)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    if handle.read().startswith(f"ray::{name}".encode()):
-                        found.append(int(entry))
-            except OSError:
-                pass
-    # A worker's child between fork and exec (the job's sandbox starting) bears the same title.
-    return [pid for pid in found if _parent(pid) not in found]
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+def ray_workers_started(pool, count: int, timeout: float = 120.0) -> list[dict]:
+    """The RayPool's actors, once ``count`` of them have started (within ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        started = [w for w in pool.workers() if w["ready"]]
+        if len(started) >= count:
+            return started
+        time.sleep(0.2)
+    raise AssertionError(f"{count} actors of the Ray pool were not started within {timeout:.0f} s: {pool.workers()}")
 
 
 # ----------------------------------------------------------------------------- pools

@@ -1,5 +1,5 @@
-"""The Ray pool on a local Ray instance (CPU jobs): same results as the local pool, priorities,
-and a worker that dies twice answered with an error instead of a hang."""
+"""The Ray pool on a local Ray instance (CPU jobs): same results as the local pool, its actor's
+slots, and a job whose actor dies twice answered with an error instead of a hang."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support import ray_task_worker
+from support import ray_busy_worker, ray_workers_started
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kernel_env[ray]')")
 
@@ -41,7 +41,10 @@ def job(tmp_path: Path, code: str, mode: Mode = Mode.VERIFY) -> EvalJob:
 
 
 def test_a_ray_job_gives_the_same_result_as_the_local_pool(ray_pool, tmp_path):
-    assert isinstance(ray_pool, RayPool) and ray_pool.max_in_flight == 2
+    assert isinstance(ray_pool, RayPool)
+    # One actor for the node's CPU (no GPU in the cluster), running two jobs at once, as a local pool does.
+    [worker] = ray_workers_started(ray_pool, 1)
+    assert (worker["device"], worker["slots"], ray_pool.slots) == ("cpu", 2, 2), worker
     the_job = job(tmp_path, SOLUTION)
     remote = ray_pool.submit(the_job).result(timeout=300)
     with LocalPool(["cpu"]) as local_pool:
@@ -58,18 +61,19 @@ def test_cuda_jobs_on_a_cluster_without_gpus_are_answered_with_an_error(ray_pool
     assert not result.correct and "no GPU" in result.error and result.reward is None and result.fault == "evaluator"
 
 
-def _kill_the_worker(avoid: frozenset[int] = frozenset()) -> int:
-    pid = ray_task_worker(avoid)
+def _kill_a_busy_worker(pool: RayPool, avoid: frozenset[int] = frozenset()) -> int:
+    pid = ray_busy_worker(pool, avoid)
     os.kill(pid, signal.SIGKILL)
     return pid
 
 
 def test_a_job_whose_worker_dies_is_retried_once_then_answered_with_an_error(ray_pool, tmp_path):
     future = ray_pool.submit(job(tmp_path, ENDLESS))
-    first = _kill_the_worker()
-    _kill_the_worker(avoid=frozenset({first}))   # the retry, on a fresh worker
+    first = _kill_a_busy_worker(ray_pool)
+    _kill_a_busy_worker(ray_pool, avoid=frozenset({first}))   # the retry, on the actor started in its place
     result = future.result(timeout=120)
     assert not result.correct and result.reward is None and result.fault == "evaluator"
     assert "died twice" in result.error, result.error
-    # The pool still works after losing two workers.
+    # The pool still works after losing two actors: a third has taken the node's CPU.
     assert ray_pool.submit(job(tmp_path, SOLUTION)).result(timeout=300).correct
+    assert len(ray_workers_started(ray_pool, 1)) == 1

@@ -4,20 +4,31 @@
 visible GPU at once (on the CPU when there is none), but never a timing run beside
 anything else on its device (evaluators/sharing.py), and every job runs its code in fresh
 isolated child processes (``kernel_env.evaluators.harness``): a CUDA fault, a hang or
-``os._exit`` ends that job alone. The ``ray`` pool runs the same jobs as Ray tasks on a cluster, one per GPU
-(``num_gpus=1``). Jobs wait in a priority queue (final evaluations first, then FIFO). Every
-job is answered with an EvalResult, never with an exception.
+``os._exit`` ends that job alone. The ``ray`` pool runs the same jobs on a Ray cluster, through one
+actor per GPU that runs a local pool of its GPU (``DeviceWorker``). Jobs wait in a priority queue
+(final evaluations first, then FIFO). Every job is answered with an EvalResult, never with an
+exception.
+
+Why one module: the two pools share their queue and their answers, and the Ray pool's actor is a
+local pool on the far side (an actor module of its own would import this one, and this one it).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
 import os
+import shutil
+import socket
+import tempfile
 import threading
+import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -86,7 +97,7 @@ class _QueuedPool(ABC):
             pending, self._queue = self._queue, []
             self._cv.notify_all()
         for _, _, job, future in pending:
-            if future.set_running_or_notify_cancel():
+            if future.running() or future.set_running_or_notify_cancel():  # running: queued again (RayPool's retry)
                 future.set_result(_error(job, "the evaluation pool was closed before this job ran"))
         for thread in self._threads:
             thread.join(timeout=1)
@@ -210,85 +221,324 @@ class LocalPool(_QueuedPool):
 
 
 class RayPool(_QueuedPool):
-    """The same jobs as Ray tasks on a Ray cluster: one job per GPU (``num_gpus=1``), or per
-    ``cpu_job_cpus`` CPUs for CPU jobs.
+    """The same jobs on a Ray cluster: one actor per GPU (``DeviceWorker``), each
+    running a local pool of its GPU, so ``jobs_per_gpu`` jobs share each GPU of the cluster as
+    they share a local one (each timing run alone). A cluster without GPUs gets one actor per
+    node, running ``jobs_per_cpu`` CPU jobs.
 
     ``address``: a running cluster (``"auto"``, ``"ray://host:10001"``) or None for this
-    process's Ray (started locally if none is running). The snapshot travels with the job, so
-    workers need no shared file system, only kernel_env installed. A job whose worker dies
-    (killed, out of memory, node lost) is retried once on another worker, then answered with an
-    error. At most as many jobs run as the cluster has slots; the rest wait here, in priority
-    order, so final evaluations are not stuck behind a queue of verifications.
+    process's Ray (started locally if none is running). The actors are named, in the
+    ``kernel_env`` namespace, so every pool connected to the cluster (a trainer on each of several
+    CPU hosts) sends its jobs to the same ones. This pool sends each actor at most its slots'
+    worth of jobs and keeps the rest here, in priority order (final evaluations first); what
+    several pools send beyond an actor's slots waits in its local pool's queue, in the same order.
+
+    Every ``refresh_s`` seconds, and at once when an actor is lost, the pool compares its actors
+    with the cluster's live nodes and starts those missing: a node that joins is used, a GPU whose
+    actor died is taken up again. A job whose actor dies (killed, out of memory, its node lost) is
+    run again once, on whichever actor has a slot first; if that one dies too, the job is answered
+    with an error (``fault="evaluator"``). Every job is answered, never with an exception.
     """
 
-    def __init__(self, address: str | None = None, *, cpu_job_cpus: int = 1,
-                 max_in_flight: int | None = None, init_options: dict | None = None):
+    _no_gpu_message = "the Ray cluster has no GPU: the job asks for device cuda"
+    NAMESPACE = "kernel_env"
+
+    def __init__(self, address: str | None = None, *, jobs_per_gpu: int | None = None, jobs_per_cpu: int | None = None,
+                 refresh_s: float = 10.0, start_timeout_s: float = 120.0, init_options: dict | None = None):
         import ray
 
         super().__init__()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_options or {}))
         self._ray = ray
-        self.cpu_job_cpus = cpu_job_cpus
-        resources = ray.cluster_resources()
-        self.gpus = int(resources.get("GPU", 0))
-        slots = self.gpus or max(1, int(resources.get("CPU", 1)) // cpu_job_cpus)
-        self.max_in_flight = max_in_flight or slots
-        self._in_flight = 0
+        self.jobs_per_gpu = jobs_per_gpu or default_jobs_per_gpu()
+        self.jobs_per_cpu = jobs_per_cpu or default_jobs_per_cpu()
+        self.refresh_s = refresh_s
+        #: GPUs of the cluster's live nodes, when it was last looked at.
+        self.gpus = 0
+        self._had_gpu = False  # once it has, cuda jobs wait through a loss of every GPU node
+        self._workers: dict[str, _RayWorker] = {}
+        self._attempts: dict[str, int] = {}
+        self._start_failures: dict[str, int] = {}
+        self._lost_handles: list = []
+        self._actor = ray.remote(DeviceWorker)
+        self._refresh()
+        self._refresh_at = time.monotonic() + refresh_s
+        with self._cv:  # the actors a new cluster starts with: their first jobs need not wait for them
+            if not self._cv.wait_for(lambda: all(w.ready for w in self._workers.values()), timeout=start_timeout_s):
+                log.warning("Ray pool: %d of %d actors not started after %.0f s; jobs wait for them",
+                            sum(not w.ready for w in self._workers.values()), len(self._workers), start_timeout_s)
         self._threads = [threading.Thread(target=self._dispatch, name="kernel_env-ray-pool", daemon=True)]
         self._threads[0].start()
 
-    _no_gpu_message = "the Ray cluster has no GPU: the job asks for device cuda"
-
     @property
     def has_gpu(self) -> bool:
-        return self.gpus > 0
+        return self._had_gpu
+
+    @property
+    def slots(self) -> int:
+        """Jobs the pool's started actors run at once."""
+        with self._cv:
+            return sum(w.slots for w in self._workers.values() if w.ready)
+
+    def workers(self) -> list[dict]:
+        """The pool's actors: name, whether started, where (device, host, node, pid), slots and jobs running."""
+        with self._cv:
+            return [{"name": w.name, "ready": w.ready, "slots": w.slots, "running": w.running, **w.where}
+                    for w in self._workers.values()]
+
+    def leases(self) -> dict[str, dict[str, float]]:
+        """Each started actor's device lease: how it has spent its time so far, by state, keyed by
+        ``host/device`` (``DeviceLease.account()``; a device running one job at a time has none)."""
+        with self._cv:
+            workers = [w for w in self._workers.values() if w.ready]
+        found = {}
+        for worker, ref in [(w, w.handle.leases.remote()) for w in workers]:
+            try:
+                accounts = self._ray.get(ref, timeout=30)
+            except Exception:  # noqa: BLE001 - an actor lost meanwhile has no account to give
+                continue
+            found.update({f"{worker.where['host']}/{device}": account for device, account in accounts.items()})
+        return found
+
+    def _refresh(self) -> None:
+        """Start an actor for each device of the cluster's live nodes that has none."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        try:
+            nodes = [node for node in self._ray.nodes() if node.get("Alive")]
+        except Exception as exc:  # noqa: BLE001 - the cluster is unreachable for now: try again later
+            log.warning("Ray pool: could not list the cluster's nodes: %s", exc)
+            return
+        wanted = _devices(nodes)
+        self.gpus = sum(gpu for _, gpu in wanted.values())
+        self._had_gpu = self._had_gpu or self.gpus > 0
+        with self._cv:
+            for name in [name for name, w in self._workers.items() if name not in wanted and not w.ready]:
+                del self._workers[name]  # waiting to start on a node that is gone
+            missing = [name for name in wanted if name not in self._workers]
+            for name in missing:
+                node, gpu = wanted[name]
+                jobs = self.jobs_per_gpu if gpu else self.jobs_per_cpu
+                handle = self._actor.options(
+                    name=name, namespace=self.NAMESPACE, get_if_exists=True, num_gpus=int(gpu), num_cpus=0 if gpu else 1,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(jobs)
+                self._workers[name] = worker = _RayWorker(name, handle, gpu, jobs)
+                handle.ready.remote().future().add_done_callback(lambda done, worker=worker: self._started(worker, done))
+
+    def _started(self, worker: _RayWorker, done) -> None:
+        try:
+            where = done.result()
+        except Exception as exc:  # noqa: BLE001 - it could not start (its node lost, or its name still held by a dead one)
+            with self._cv:
+                failures = self._start_failures[worker.name] = self._start_failures.get(worker.name, 0) + 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.warning("Ray pool: actor %s did not start (%d times): %s", worker.name, failures, _first_line(exc))
+                if self._workers.get(worker.name) is worker:
+                    del self._workers[worker.name]
+                # Soon after a loss (the dead actor's name may not be free yet), then less and less often.
+                self._refresh_at = min(self._refresh_at, time.monotonic() + min(self.refresh_s, 0.5 * 2 ** failures))
+                self._cv.notify_all()
+            return
+        with self._cv:
+            self._start_failures.pop(worker.name, None)
+            worker.where, worker.slots, worker.ready = where, where["jobs"], True
+            self._cv.notify_all()
 
     def _dispatch(self) -> None:
-        from kernel_env.runtime.ray_worker import evaluate_remote
-
+        """Send queued jobs to actors with a free slot; kill lost actors; look at the cluster every
+        ``refresh_s``. The only thread that calls Ray (its callbacks run on Ray's own threads, where
+        a call to Ray can deadlock)."""
         while True:
             with self._cv:
-                while not self._closed and (not self._queue or self._in_flight >= self.max_in_flight):
-                    self._cv.wait()
-                if self._closed:
-                    return
-                _, _, job, future = heapq.heappop(self._queue)
-                self._in_flight += 1
-            if not future.set_running_or_notify_cancel():
-                self._done()
+                while True:
+                    if self._closed:
+                        return
+                    lost, self._lost_handles = self._lost_handles, []
+                    refresh = time.monotonic() >= self._refresh_at
+                    picked = None if lost or refresh else self._pick()
+                    if lost or refresh or picked:
+                        break
+                    self._cv.wait(timeout=max(0.0, self._refresh_at - time.monotonic()))
+            for handle in lost:  # if it lives on, unreachable, it must not hold its GPU
+                with contextlib.suppress(Exception):
+                    self._ray.kill(handle, no_restart=True)
+            if refresh:
+                self._refresh_at = time.monotonic() + self.refresh_s
+                self._refresh()
+            if picked is None:
                 continue
+            job, future, worker = picked
             try:
-                options = {"num_gpus": 1} if job.device == "cuda" else {"num_cpus": self.cpu_job_cpus}
-                ref = evaluate_remote.options(max_retries=1, **options).remote(
-                    job.model_copy(update={"snapshot_dir": Path()}), _pack(job.snapshot_dir))
+                ref = worker.handle.evaluate.remote(job.model_copy(update={"snapshot_dir": Path()}), _pack(job.snapshot_dir))
             except Exception as exc:  # noqa: BLE001 - a cluster problem answers the job
-                self._answer(job, future, _error(job, f"could not submit the job to Ray: {type(exc).__name__}: {exc}"))
+                self._finish(worker)
+                future.set_result(_error(job, f"could not send the job to Ray: {type(exc).__name__}: {exc}"))
                 continue
-            ref.future().add_done_callback(lambda done, job=job, future=future: self._answer(job, future, _unwrap(job, done)))
+            ref.future().add_done_callback(lambda done, job=job, future=future, worker=worker:
+                                           self._answer(job, future, worker, done))
 
-    def _answer(self, job: EvalJob, future: Future, result: EvalResult) -> None:
-        future.set_result(result)
-        self._done()
+    def _pick(self) -> tuple[EvalJob, Future, _RayWorker] | None:
+        """The first queued job, in priority order, that a started actor has a slot for, and the
+        actor with the most free slots (call under the lock). A GPU's actor runs any job; a CPU's,
+        only CPU jobs."""
+        free = [w for w in self._workers.values() if w.ready and w.running < w.slots]
+        while free and self._queue:
+            if any(w.gpu for w in free):
+                item = heapq.heappop(self._queue)
+            else:
+                item = next((i for i in sorted(self._queue) if i[2].device != "cuda"), None)
+                if item is None:
+                    return None
+                self._queue.remove(item)
+                heapq.heapify(self._queue)
+            _, _, job, future = item
+            if not (future.running() or future.set_running_or_notify_cancel()):  # cancelled while queued
+                continue
+            worker = max((w for w in free if w.gpu or job.device != "cuda"), key=lambda w: w.slots - w.running)
+            worker.running += 1
+            return job, future, worker
+        return None
 
-    def _done(self) -> None:
+    def _finish(self, worker: _RayWorker) -> None:
         with self._cv:
-            self._in_flight -= 1
-            self._cv.notify()
+            worker.running -= 1
+            self._cv.notify_all()
 
+    def _answer(self, job: EvalJob, future: Future, worker: _RayWorker, done) -> None:
+        from ray.exceptions import RayError, RayTaskError
+
+        try:
+            result = done.result()
+        except RayTaskError as exc:  # the actor's own code raised: a harness bug, not a lost worker
+            result = _error(job, f"internal evaluation error on the Ray worker: {_first_line(exc)}")
+        except RayError as exc:  # the actor died or cannot be reached: its node, its process, its memory
+            result = self._lost(job, future, worker, exc)
+        except Exception as exc:  # noqa: BLE001 - anything else still answers the job
+            result = _error(job, f"the Ray pool could not get this job's result: {type(exc).__name__}: {exc}")
+        self._finish(worker)
+        if result is not None:
+            self._attempts.pop(job.job_id, None)
+            future.set_result(result)
+
+    def _lost(self, job: EvalJob, future: Future, worker: _RayWorker, exc: Exception) -> EvalResult | None:
+        """The job's actor was lost: forget it (and start another), and queue the job again once."""
+        log.warning("Ray pool: actor %s lost with job %s: %s", worker.name, job.job_id, _first_line(exc))
+        with self._cv:
+            if self._workers.get(worker.name) is worker:
+                del self._workers[worker.name]
+                self._lost_handles.append(worker.handle)  # killed by the dispatcher (no Ray call in a Ray callback)
+            self._refresh_at = 0.0
+            attempts = self._attempts[job.job_id] = self._attempts.get(job.job_id, 0) + 1
+            if attempts < 2 and not self._closed:
+                heapq.heappush(self._queue, (job.priority, -next(self._order), job, future))  # first of its priority
+                self._cv.notify_all()
+                return None
+        return _error(job, f"the Ray worker running this job died twice ({type(exc).__name__}: {_first_line(exc)})")
+
+
+@dataclass(eq=False)
+class _RayWorker:
+    """A RayPool's actor: its handle, and this pool's view of it."""
+
+    name: str
+    handle: object
+    gpu: bool
+    slots: int
+    ready: bool = False
+    running: int = 0
+    where: dict = field(default_factory=dict)
+
+
+def _devices(nodes: list[dict]) -> dict[str, tuple[str, bool]]:
+    """The actors a cluster's live nodes call for, by name: (node id, whether it holds a GPU). One per
+    GPU; on a cluster without GPUs, one per node with a CPU to give (a head started with
+    ``--num-cpus=0`` runs none)."""
+    gpus = {node["NodeID"]: int(node.get("Resources", {}).get("GPU", 0)) for node in nodes}
+    if any(gpus.values()):
+        return {f"{node}-gpu{index}": (node, True) for node, count in gpus.items() for index in range(count)}
+    return {f"{node['NodeID']}-cpu": (node["NodeID"], False) for node in nodes
+            if node.get("Resources", {}).get("CPU", 0) >= 1}
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class DeviceWorker:
+    """The Ray actor behind RayPool (``ray.remote(DeviceWorker)``, made when a RayPool is): one
+    device of the cluster, running a local pool of that device.
+
+    A GPU's actor holds the GPU (``num_gpus=1``: Ray sets its CUDA_VISIBLE_DEVICES) and runs a
+    ``LocalPool`` of it, so the jobs on one GPU of the cluster share it as on a local one: several
+    jobs' untimed steps at once, each timing run alone under the GPU's lease, which only works
+    within one process. The harness starts its isolated children with an environment of its own,
+    so the pool is given the physical GPU id, not the actor's renumbered ``cuda:0``. On a cluster
+    without GPUs there is one actor per node, for its CPU.
+
+    The actor is asynchronous: any number of calls wait at once, and whatever exceeds the local
+    pool's slots waits in its queue, in priority order, whichever process sent it. The snapshot
+    travels with the job, so no shared file system is needed.
+
+    Ray starts its workers at niceness 15 (``RAY_worker_niceness``), and a process inherits its
+    parent's: the evaluation's children would lose the processor to any busier process of the node
+    (a sandbox's build, another job's untimed step), their launches timed slower. So the actor first
+    brings every thread of its process back to niceness 0 (as root; elsewhere it says how to start
+    the nodes instead).
+    """
+
+    def __init__(self, jobs: int) -> None:
+        import ray
+
+        _unnice()
+        gpus = ray.get_gpu_ids()
+        self.device = f"cuda:{int(gpus[0])}" if gpus else "cpu"
+        self.pool = LocalPool([self.device], jobs_per_gpu=jobs, jobs_per_cpu=jobs)
+        self.jobs = jobs
+
+    async def ready(self) -> dict:
+        """Where the actor runs, and how many jobs it runs at once."""
+        import ray
+
+        return {"device": self.device, "jobs": self.jobs, "pid": os.getpid(), "host": socket.gethostname(),
+                "node": ray.get_runtime_context().get_node_id()}
+
+    async def leases(self) -> dict[str, dict[str, float]]:
+        """How the device's lease has spent its time so far, by state (``DeviceLease.account()``)."""
+        return {device: lease.account() for device, lease in self.pool.leases.items()}
+
+    async def evaluate(self, job: EvalJob, snapshot: dict[str, bytes]) -> EvalResult:
+        directory = await asyncio.to_thread(_unpack, job, snapshot)
+        try:
+            return await asyncio.wrap_future(self.pool.submit(job.model_copy(update={"snapshot_dir": directory})))
+        finally:
+            await asyncio.to_thread(shutil.rmtree, directory, ignore_errors=True)
+
+
+def _unnice() -> None:
+    """Every thread of this process at niceness 0 (Linux keeps it per thread; a thread started later
+    inherits its starter's)."""
+    try:
+        for task in os.listdir("/proc/self/task"):
+            os.setpriority(os.PRIO_PROCESS, int(task), 0)
+    except OSError as exc:
+        log.warning("the evaluation actor runs at niceness %d and cannot lower it (%s): its jobs may be timed slow "
+                    "beside busier processes; start the cluster's nodes with RAY_worker_niceness=0", os.nice(0), exc)
+
+
+def _unpack(job: EvalJob, snapshot: dict[str, bytes]) -> Path:
+    directory = Path(tempfile.mkdtemp(prefix=f"ray-snapshot-{job.job_id}-"))
+    for relative, data in snapshot.items():
+        path = directory / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return directory
 
 
 def _pack(directory: Path) -> dict[str, bytes]:
     """The snapshot's files (the broker copied plain files only), to travel with the job."""
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
-def _unwrap(job: EvalJob, done) -> EvalResult:
-    try:
-        return done.result()
-    except Exception as exc:  # noqa: BLE001 - the worker died twice, or the cluster failed
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return _error(job, f"the Ray worker running this job died twice ({type(exc).__name__}: {message})")
 
 
 #: The step a job run again alone reports its first run under (its seconds), in ``EvalResult.steps_s``.

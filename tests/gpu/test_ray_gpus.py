@@ -1,6 +1,7 @@
-"""The Ray pool on a machine with two or more GPUs (a local Ray cluster given two of them): one job
-per GPU, two jobs at once, each on the GPU its result names; a worker killed mid-job has its job
-retried and answered while the job on the other GPU goes on."""
+"""The Ray pool on a machine with two or more GPUs (a local Ray cluster given two of them): one actor
+per GPU, each sharing its GPU among several jobs; two jobs at once, each on its own GPU; an actor
+killed mid-job has its job run again and answered while the job on the other GPU goes on, and its
+GPU is taken up again by an actor started in its place."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import ray_task_worker
+from support import ray_busy_worker, ray_workers_started
 
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
 from kernel_env.resources import example_dir
-from kernel_env.runtime.pool import RayPool
+from kernel_env.runtime.pool import RayPool, default_jobs_per_gpu
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kernel_env[ray]')")
 
@@ -29,7 +30,7 @@ SOLUTION = (Path(__file__).parent / "solutions" / "turn4_fused.py").read_text()
 @pytest.fixture(scope="module")
 def ray_pool():
     ray.init(num_gpus=2, num_cpus=8, include_dashboard=False, log_to_driver=False)
-    pool = RayPool()
+    pool = RayPool(refresh_s=2.0)
     yield pool
     pool.close()
     ray.shutdown()
@@ -50,7 +51,9 @@ def _gpu(result: EvalResult) -> str:
 
 
 def test_two_jobs_run_at_once_each_on_its_own_gpu(ray_pool, tmp_path):
-    assert ray_pool.gpus == 2 and ray_pool.max_in_flight == 2
+    workers = ray_workers_started(ray_pool, 2)
+    assert ray_pool.gpus == 2 and sorted(w["device"] for w in workers) == ["cuda:0", "cuda:1"], workers
+    assert ray_pool.slots == 2 * default_jobs_per_gpu()
     # Out of the way first: Triton's first compile, and each worker's first job (its fork server's start).
     for warm_up in [ray_pool.submit(_job(tmp_path)) for _ in range(2)]:
         warm_up.result(timeout=600)
@@ -67,16 +70,21 @@ def test_two_jobs_run_at_once_each_on_its_own_gpu(ray_pool, tmp_path):
 
 def test_a_worker_killed_mid_job_has_its_job_retried_and_the_other_gpu_goes_on(ray_pool, tmp_path):
     killed = ray_pool.submit(_job(tmp_path))
-    victim = ray_task_worker()  # the only job on the cluster: its worker holds one GPU
+    victim = ray_busy_worker(ray_pool)  # the only job on the cluster: its actor holds one GPU
     other = ray_pool.submit(_job(tmp_path))
-    bystander = ray_task_worker(avoid=frozenset({victim}))  # the other job, on the other GPU
+    bystander = ray_busy_worker(ray_pool, avoid=frozenset({victim}))  # the other job, sent to the other GPU's actor
     time.sleep(1.0)  # into the job: its snapshot unpacked, its processes starting
     assert not killed.done()
     os.kill(victim, signal.SIGKILL)
     retried, unaffected = killed.result(timeout=300), other.result(timeout=300)
     for result in (retried, unaffected):
         assert result.correct and result.reward >= 2 and result.fault is None, (result.error, result.violations)
-    # The retry took the GPU the kill freed: the other one was still busy with the other job.
-    assert {_gpu(retried), _gpu(unaffected)} == {"cuda:0", "cuda:1"}, (retried.ran_on, unaffected.ran_on)
-    os.kill(bystander, 0)  # the other job's worker is alive: only the victim was lost
-    assert ray_pool.submit(_job(tmp_path)).result(timeout=300).correct  # and the pool goes on
+    os.kill(bystander, 0)  # the other GPU's actor is alive: only the victim was lost
+    # An actor is started in the victim's place, on the GPU it freed, and the pool uses both GPUs again.
+    deadline = time.monotonic() + 120
+    while {w["pid"] for w in ray_workers_started(ray_pool, 2)} & {victim} and time.monotonic() < deadline:
+        time.sleep(0.5)
+    workers = ray_workers_started(ray_pool, 2)
+    assert victim not in {w["pid"] for w in workers} and sorted(w["device"] for w in workers) == ["cuda:0", "cuda:1"]
+    results = [future.result(timeout=300) for future in [ray_pool.submit(_job(tmp_path)) for _ in range(2)]]
+    assert all(result.correct for result in results) and {_gpu(result) for result in results} == {"cuda:0", "cuda:1"}
