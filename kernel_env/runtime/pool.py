@@ -314,8 +314,8 @@ class RayPool(_QueuedPool):
         self.gpus = sum(gpu for _, gpu in wanted.values())
         self._had_gpu = self._had_gpu or self.gpus > 0
         with self._cv:
-            for name in [name for name, w in self._workers.items() if name not in wanted and not w.ready]:
-                del self._workers[name]  # waiting to start on a node that is gone
+            for name in [name for name in self._workers if name not in wanted]:
+                del self._workers[name]  # its node is gone, and the actor with it (a job on it is run again)
             missing = [name for name in wanted if name not in self._workers]
             for name in missing:
                 node, gpu = wanted[name]
