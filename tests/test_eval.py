@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import re
 import threading
 import time
@@ -94,7 +95,8 @@ CPP_SCRIPT = [
 ]
 
 
-def test_eval_solves_the_cpp_example_and_report_rebuilds_its_tables(tmp_path):
+def test_eval_solves_the_cpp_example_and_report_rebuilds_its_tables(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="kernel_env.runtime.episode")  # run_solution's phases
     source = tmp_path / "relu_add.py"
     source.write_text(EXAMPLE_CODE.replace("1 << 24", "1 << 16"))
     task = load_task_file(source)
@@ -110,6 +112,10 @@ def test_eval_solves_the_cpp_example_and_report_rebuilds_its_tables(tmp_path):
                                      "--plot", str(plot), "--markdown", str(table)])
     thread.join()
     assert result.exit_code == 0, result.output
+    phases = [r.getMessage() for r in caplog.records if r.name == "kernel_env.runtime.episode" and r.getMessage().startswith(task.id)]
+    assert phases[:2] == [f"{task.id}: setting up its workspace and sandbox (local)",
+                          f"{task.id}: building the cpp solution, then its trusted evaluation (final) on the cpu"], phases
+    assert re.fullmatch(rf"{task.id}: done in \d+\.\d s: correct, reward [123](\.0)?", phases[2]), phases
 
     # The progress, as a log shows it: each turn, each evaluation the episode asked for, then its end, stamped.
     progress = [re.sub(r"^\[ *\d+\.\d s\] ", "", line) for line in result.stderr.splitlines() if line.startswith("[")]

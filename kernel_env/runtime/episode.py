@@ -222,10 +222,19 @@ def run_solution(task: Task, solution: str | Path, *, language: str | None = Non
                  sandbox: str = "local", pool: GpuPool | None = None, settings: EvalSettings | None = None,
                  mode: Mode = Mode.FINAL) -> tuple[ExecResult, EvalResult]:
     """Copy a solution into a fresh workspace, build it in the sandbox, evaluate it: (build, result).
-    ``language`` and ``device`` follow the machine unless named (``language_and_device``)."""
+    ``language`` and ``device`` follow the machine unless named (``language_and_device``). Its
+    phases are logged (INFO, ``kernel_env.runtime.episode``): the first evaluation of a task on a
+    machine measures its baselines, minutes on a CPU."""
+    started = time.monotonic()
+    log.info("%s: setting up its workspace and sandbox (%s)", task.id, sandbox)
     with Episode.open(task, language=language, device=device, sandbox=sandbox, pool=pool, settings=settings) as episode:
         episode.workspace.copy_solution(solution)
-        return episode.build_and_evaluate(mode)
+        log.info("%s: building the %s solution, then its trusted evaluation (%s) on the %s", task.id,
+                 episode.language.name, mode.value, episode.device)
+        build, result = episode.build_and_evaluate(mode)
+    log.info("%s: done in %.1f s: %s, reward %s", task.id, time.monotonic() - started,
+             "correct" if result.correct else "not correct", result.reward)
+    return build, result
 
 
 def _read_sources(snapshot: Path) -> dict[str, bytes] | None:
