@@ -112,7 +112,8 @@ def test_eval_solves_the_cpp_example_and_report_rebuilds_its_tables(tmp_path, ca
                                      "--plot", str(plot), "--markdown", str(table)])
     thread.join()
     assert result.exit_code == 0, result.output
-    phases = [r.getMessage() for r in caplog.records if r.name == "kernel_env.runtime.episode" and r.getMessage().startswith(task.id)]
+    phases = [r.getMessage() for r in caplog.records
+              if r.name == "kernel_env.runtime.episode" and r.getMessage().startswith(task.id)]
     assert phases[:2] == [f"{task.id}: setting up its workspace and sandbox (local)",
                           f"{task.id}: building the cpp solution, then its trusted evaluation (final) on the cpu"], phases
     assert re.fullmatch(rf"{task.id}: done in \d+\.\d s: correct, reward [123](\.0)?", phases[2]), phases
