@@ -321,10 +321,12 @@ class RayPool(_QueuedPool):
                 node, gpu = wanted[name]
                 jobs = self.jobs_per_gpu if gpu else self.jobs_per_cpu
                 handle = self._actor.options(
-                    name=name, namespace=self.NAMESPACE, get_if_exists=True, num_gpus=int(gpu), num_cpus=0 if gpu else 1,
+                    name=name, namespace=self.NAMESPACE, get_if_exists=True,
+                    num_gpus=int(gpu), num_cpus=0 if gpu else 1,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(jobs)
                 self._workers[name] = worker = _RayWorker(name, handle, gpu, jobs)
-                handle.ready.remote().future().add_done_callback(lambda done, worker=worker: self._started(worker, done))
+                started = handle.ready.remote().future()
+                started.add_done_callback(lambda done, worker=worker: self._started(worker, done))
 
     def _started(self, worker: _RayWorker, done) -> None:
         try:
@@ -333,7 +335,8 @@ class RayPool(_QueuedPool):
             with self._cv:
                 failures = self._start_failures[worker.name] = self._start_failures.get(worker.name, 0) + 1
                 if failures in (1, 10) or failures % 100 == 0:
-                    log.warning("Ray pool: actor %s did not start (%d times): %s", worker.name, failures, _first_line(exc))
+                    log.warning("Ray pool: actor %s did not start (%d times): %s",
+                                worker.name, failures, _first_line(exc))
                 if self._workers.get(worker.name) is worker:
                     del self._workers[worker.name]
                 # Soon after a loss (the dead actor's name may not be free yet), then less and less often.
@@ -370,7 +373,8 @@ class RayPool(_QueuedPool):
                 continue
             job, future, worker = picked
             try:
-                ref = worker.handle.evaluate.remote(job.model_copy(update={"snapshot_dir": Path()}), _pack(job.snapshot_dir))
+                sent = job.model_copy(update={"snapshot_dir": Path()})
+                ref = worker.handle.evaluate.remote(sent, _pack(job.snapshot_dir))
             except Exception as exc:  # noqa: BLE001 - a cluster problem answers the job
                 self._finish(worker)
                 future.set_result(_error(job, f"could not send the job to Ray: {type(exc).__name__}: {exc}"))
