@@ -45,6 +45,7 @@ def test_a_ray_job_gives_the_same_result_as_the_local_pool(ray_pool, tmp_path):
     # One actor for the node's CPU (no GPU in the cluster), running two jobs at once, as a local pool does.
     [worker] = ray_workers_started(ray_pool, 1)
     assert (worker["device"], worker["slots"], ray_pool.slots) == ("cpu", 2, 2), worker
+    assert set(worker) == {"name", "ready", "slots", "running", "host", "node", "device", "pid"}
     the_job = job(tmp_path, SOLUTION)
     remote = ray_pool.submit(the_job).result(timeout=300)
     with LocalPool(["cpu"]) as local_pool:

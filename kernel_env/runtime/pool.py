@@ -250,6 +250,9 @@ class RayPool(_QueuedPool):
         super().__init__()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **(init_options or {}))
+        elif address or init_options:
+            log.warning("Ray pool: Ray is already initialised in this process; its address and init options "
+                        "are not used (ray.shutdown() first to connect elsewhere)")
         self._ray = ray
         self.jobs_per_gpu = jobs_per_gpu or default_jobs_per_gpu()
         self.jobs_per_cpu = jobs_per_cpu or default_jobs_per_cpu()
@@ -282,9 +285,12 @@ class RayPool(_QueuedPool):
             return sum(w.slots for w in self._workers.values() if w.ready)
 
     def workers(self) -> list[dict]:
-        """The pool's actors: name, whether started, where (device, host, node, pid), slots and jobs running."""
+        """The pool's actors: name, whether started (``ready``), where (``host``, ``node``, ``device``,
+        ``pid``: None until started), ``slots`` and this pool's jobs ``running`` on it. An actor that
+        died idle shows as started until a job sent to it finds out."""
         with self._cv:
-            return [{"name": w.name, "ready": w.ready, "slots": w.slots, "running": w.running, **w.where}
+            return [{"name": w.name, "ready": w.ready, "slots": w.slots, "running": w.running,
+                     **{key: w.where.get(key) for key in ("host", "node", "device", "pid")}}
                     for w in self._workers.values()]
 
     def leases(self) -> dict[str, dict[str, float]]:
@@ -427,13 +433,15 @@ class RayPool(_QueuedPool):
 
     def _lost(self, job: EvalJob, future: Future, worker: _RayWorker, exc: Exception) -> EvalResult | None:
         """The job's actor was lost: forget it (and start another), and queue the job again once."""
-        log.warning("Ray pool: actor %s lost with job %s: %s", worker.name, job.job_id, _first_line(exc))
         with self._cv:
             if self._workers.get(worker.name) is worker:
                 del self._workers[worker.name]
                 self._lost_handles.append(worker.handle)  # killed by the dispatcher (no Ray call in a Ray callback)
             self._refresh_at = 0.0
             attempts = self._attempts[job.job_id] = self._attempts.get(job.job_id, 0) + 1
+            log.warning("Ray pool: actor %s lost with job %s (%s): %s", worker.name, job.job_id,
+                        "running it again" if attempts < 2 else "its second loss: answered with an error",
+                        _first_line(exc))
             if attempts < 2 and not self._closed:
                 heapq.heappush(self._queue, (job.priority, -next(self._order), job, future))  # first of its priority
                 self._cv.notify_all()
