@@ -233,8 +233,7 @@ class PoolMeter:
 def _lease_account(pool: GpuPool) -> dict[str, float]:
     """Seconds the pool's device leases have spent in each state so far, summed over its devices (a
     local pool's, or those in a Ray pool's actors): none where each device runs one job at a time."""
-    accounts = list(pool.leases.values()) if isinstance(pool, LocalPool) else list(pool.leases().values())
-    accounts = [lease.account() if isinstance(pool, LocalPool) else lease for lease in accounts]
+    accounts = list(pool.lease_accounts().values())
     return {state: sum(account[state] for account in accounts) for state in accounts[0]} if accounts else {}
 
 

@@ -169,6 +169,11 @@ class LocalPool(_QueuedPool):
     def has_gpu(self) -> bool:
         return any(d.startswith("cuda") for d in self.devices)
 
+    def lease_accounts(self) -> dict[str, dict[str, float]]:
+        """How each shared device's lease has spent its time so far, by state (``DeviceLease.account()``);
+        a device running one job at a time has none."""
+        return {device: lease.account() for device, lease in self.leases.items()}
+
     def _work(self, device: str, lease: DeviceLease | None) -> None:
         while True:
             with self._cv:
@@ -293,13 +298,13 @@ class RayPool(_QueuedPool):
                      **{key: w.where.get(key) for key in ("host", "node", "device", "pid")}}
                     for w in self._workers.values()]
 
-    def leases(self) -> dict[str, dict[str, float]]:
+    def lease_accounts(self) -> dict[str, dict[str, float]]:
         """Each started actor's device lease: how it has spent its time so far, by state, keyed by
-        ``host/device`` (``DeviceLease.account()``; a device running one job at a time has none)."""
+        ``host/device`` (``LocalPool.lease_accounts``, from the actors)."""
         with self._cv:
             workers = [w for w in self._workers.values() if w.ready]
         found = {}
-        for worker, ref in [(w, w.handle.leases.remote()) for w in workers]:
+        for worker, ref in [(w, w.handle.lease_accounts.remote()) for w in workers]:
             try:
                 accounts = self._ray.get(ref, timeout=30)
             except Exception:  # noqa: BLE001 - an actor lost meanwhile has no account to give
@@ -323,16 +328,19 @@ class RayPool(_QueuedPool):
             for name in [name for name in self._workers if name not in wanted]:
                 del self._workers[name]  # its node is gone, and the actor with it (a job on it is run again)
             missing = [name for name in wanted if name not in self._workers]
-            for name in missing:
-                node, gpu = wanted[name]
-                jobs = self.jobs_per_gpu if gpu else self.jobs_per_cpu
-                handle = self._actor.options(
-                    name=name, namespace=self.NAMESPACE, get_if_exists=True,
-                    num_gpus=int(gpu), num_cpus=0 if gpu else 1,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(jobs)
-                self._workers[name] = worker = _RayWorker(name, handle, gpu, jobs)
-                started = handle.ready.remote().future()
-                started.add_done_callback(lambda done, worker=worker: self._started(worker, done))
+        created = []  # outside the lock: a Ray call must not wait on a Ray thread that waits on the lock
+        for name in missing:
+            node, gpu = wanted[name]
+            jobs = self.jobs_per_gpu if gpu else self.jobs_per_cpu
+            handle = self._actor.options(
+                name=name, namespace=self.NAMESPACE, get_if_exists=True, num_gpus=int(gpu), num_cpus=0 if gpu else 1,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(jobs)
+            created.append(_RayWorker(name, handle, gpu, jobs))
+        with self._cv:
+            self._workers.update((worker.name, worker) for worker in created)
+        for worker in created:
+            started = worker.handle.ready.remote().future()
+            started.add_done_callback(lambda done, worker=worker: self._started(worker, done))
 
     def _started(self, worker: _RayWorker, done) -> None:
         try:
@@ -516,9 +524,8 @@ class DeviceWorker:
         return {"device": self.device, "jobs": self.jobs, "pid": os.getpid(), "host": socket.gethostname(),
                 "node": ray.get_runtime_context().get_node_id()}
 
-    async def leases(self) -> dict[str, dict[str, float]]:
-        """How the device's lease has spent its time so far, by state (``DeviceLease.account()``)."""
-        return {device: lease.account() for device, lease in self.pool.leases.items()}
+    async def lease_accounts(self) -> dict[str, dict[str, float]]:
+        return self.pool.lease_accounts()
 
     async def evaluate(self, job: EvalJob, snapshot: dict[str, bytes]) -> EvalResult:
         directory = await asyncio.to_thread(_unpack, job, snapshot)
