@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import textwrap
 import time
+import uuid
 from concurrent.futures import Future
+from pathlib import Path
 
-from kernel_env.evaluators.records import EvalResult, Mode
+from kernel_env.evaluators.records import EvalJob, EvalResult, Mode
 
 TINY_TASK = textwrap.dedent(
     """\
@@ -97,6 +99,15 @@ def memory_limit_skip_reason(backend: str = "local") -> str | None:
 
 
 # ----------------------------------------------------------------------------- Ray
+
+
+def snapshot_job(folder: Path, model_new: str, **fields) -> EvalJob:
+    """An evaluation job of a fresh snapshot under ``folder`` that holds ``model_new`` (and an empty
+    kernels/); ``fields``: the job's others (task_id, task_code, language, device, mode, settings)."""
+    snapshot = folder / f"snapshot-{uuid.uuid4().hex[:8]}"
+    (snapshot / "kernels").mkdir(parents=True)
+    (snapshot / "model_new.py").write_text(model_new)
+    return EvalJob(job_id=uuid.uuid4().hex[:12], snapshot_dir=snapshot, **fields)
 
 
 def ray_busy_worker(pool, avoid: frozenset[int] = frozenset(), timeout: float = 120.0) -> int:

@@ -7,22 +7,16 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 from support import ray_busy_worker, ray_workers_started
+from test_ray_pool import SOLUTION, job  # the same CPU jobs as the one-node tests
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kernel_env[ray]')")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from kernel_env.evaluators.records import EvalJob, EvalSettings, Mode  # noqa: E402
-from kernel_env.resources import example_dir  # noqa: E402
 from kernel_env.runtime.pool import RayPool  # noqa: E402
-
-TASK_CODE = (example_dir() / "task.py").read_text().replace("1 << 24", "1 << 12")
-SOLUTION = (example_dir() / "solutions" / "triton" / "model_new.py").read_text()
 
 
 @pytest.fixture
@@ -35,19 +29,11 @@ def cluster():
     cluster.shutdown()
 
 
-def _job(tmp_path: Path) -> EvalJob:
-    snapshot = tmp_path / uuid.uuid4().hex[:8]
-    (snapshot / "kernels").mkdir(parents=True)
-    (snapshot / "model_new.py").write_text(SOLUTION)
-    return EvalJob(job_id=uuid.uuid4().hex[:12], task_id="test/relu_add_4k", task_code=TASK_CODE, language="triton",
-                   device="cpu", mode=Mode.VERIFY, snapshot_dir=snapshot, settings=EvalSettings(step_timeout_s=300))
-
-
 def test_nodes_that_join_are_used_and_a_lost_nodes_job_runs_on_another(cluster, tmp_path):
     pool = RayPool(refresh_s=1.0)
     try:
         assert pool.workers() == [] and pool.slots == 0  # nothing to run on yet: a job would wait
-        waiting = pool.submit(_job(tmp_path))
+        waiting = pool.submit(job(tmp_path, SOLUTION))
         nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
         started = ray_workers_started(pool, 2)
         assert sorted(w["node"] for w in started) == sorted(node.node_id for node in nodes), started
@@ -55,7 +41,7 @@ def test_nodes_that_join_are_used_and_a_lost_nodes_job_runs_on_another(cluster, 
         assert waiting.result(timeout=300).correct
 
         # A node lost mid-job: its job runs again on the other node and is answered as if nothing happened.
-        running = pool.submit(_job(tmp_path))
+        running = pool.submit(job(tmp_path, SOLUTION))
         busy = ray_busy_worker(pool)
         [lost] = [node for node in nodes if node.node_id == next(w["node"] for w in pool.workers() if w["pid"] == busy)]
         cluster.remove_node(lost)
@@ -71,7 +57,7 @@ def test_nodes_that_join_are_used_and_a_lost_nodes_job_runs_on_another(cluster, 
         joined = cluster.add_node(num_cpus=1)
         started = ray_workers_started(pool, 2)
         assert joined.node_id in {w["node"] for w in started}
-        assert all(future.result(timeout=300).correct for future in [pool.submit(_job(tmp_path)) for _ in range(4)])
+        assert all(future.result(timeout=300).correct for future in [pool.submit(job(tmp_path, SOLUTION)) for _ in range(4)])
     finally:
         pool.close()
 
@@ -85,7 +71,7 @@ def test_an_actor_that_died_idle_is_started_again_and_the_job_sent_to_it_answere
         time.sleep(1.0)
         # Nothing tells the pool of an idle actor's death: its next job finds out, and is run again on
         # the actor started in its place (its CPU is free once the dead one is gone).
-        assert pool.submit(_job(tmp_path)).result(timeout=300).correct
+        assert pool.submit(job(tmp_path, SOLUTION)).result(timeout=300).correct
         [again] = ray_workers_started(pool, 1)
         assert again["pid"] != worker["pid"] and again["node"] == node.node_id
     finally:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
-import uuid
 from pathlib import Path
 
 import pytest
-from support import ray_busy_worker, ray_workers_started
+from support import ray_busy_worker, ray_workers_started, snapshot_job
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kernel_env[ray]')")
 
@@ -33,11 +32,8 @@ def ray_pool():
 
 
 def job(tmp_path: Path, code: str, mode: Mode = Mode.VERIFY) -> EvalJob:
-    snapshot = tmp_path / f"snapshot-{uuid.uuid4().hex[:6]}"
-    (snapshot / "kernels").mkdir(parents=True)
-    (snapshot / "model_new.py").write_text(code)
-    return EvalJob(job_id=uuid.uuid4().hex[:12], task_id="test/relu_add_4k", task_code=TASK_CODE, language="triton",
-                   device="cpu", mode=mode, snapshot_dir=snapshot, settings=SETTINGS)
+    return snapshot_job(tmp_path, code, task_id="test/relu_add_4k", task_code=TASK_CODE, language="triton",
+                        device="cpu", mode=mode, settings=SETTINGS)
 
 
 def test_a_ray_job_gives_the_same_result_as_the_local_pool(ray_pool, tmp_path):

@@ -8,12 +8,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import torch
-from support import ray_busy_worker, ray_workers_started
+from support import ray_busy_worker, ray_workers_started, snapshot_job
 
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
 from kernel_env.resources import example_dir
@@ -37,12 +36,9 @@ def ray_pool():
 
 
 def _job(tmp_path: Path) -> EvalJob:
-    snapshot = tmp_path / uuid.uuid4().hex[:8]
-    (snapshot / "kernels").mkdir(parents=True)
-    (snapshot / "model_new.py").write_text(SOLUTION)
     settings = EvalSettings(compile_baseline=False, timed_calls=200)  # long enough to overlap visibly
-    return EvalJob(job_id=uuid.uuid4().hex[:12], task_id="example/relu_add_64M", task_code=TASK_CODE,
-                   language="triton", device="cuda", mode=Mode.PROFILE, snapshot_dir=snapshot, settings=settings)
+    return snapshot_job(tmp_path, SOLUTION, task_id="example/relu_add_64M", task_code=TASK_CODE, language="triton",
+                        device="cuda", mode=Mode.PROFILE, settings=settings)
 
 
 def _gpu(result: EvalResult) -> str:
