@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from kernel_env.evaluators import children, forkserver
+from kernel_env.evaluators.child.protocol import Setup
 from kernel_env.sandbox.bwrap import (
     base_argv,
     bubblewrap_problem,
@@ -83,16 +84,16 @@ def _cpu_seconds(pid: int) -> float:
 
 def forked_children(count: int, device: str) -> tuple[float, float]:
     """``count`` children forked at once, each made ready as a spare is: (wall s, CPU s)."""
-    children: list[children.Child] = []
+    made: list[children.Child] = []
     lock = threading.Lock()
 
     def start() -> None:
-        child = children.Child.spawn("reference", env=_child_env(device), gpu=device == "cuda", label="bench",
+        child = children.Child.spawn("judge", env=_child_env(device), gpu=device == "cuda", label="bench",
                                       preload=True)
-        child.call("setup", 300, device="cuda:0" if device == "cuda" else "cpu", out_dir=child.path("/job/ref"),
-                   task_code="import torch\n")
+        child.call(Setup(device="cuda:0" if device == "cuda" else "cpu", out_dir=child.path("/job/ref"),
+                         task_code="import torch\n"), None, 300)
         with lock:
-            children.append(child)
+            made.append(child)
 
     started = time.monotonic()
     threads = [threading.Thread(target=start) for _ in range(count)]
@@ -101,10 +102,10 @@ def forked_children(count: int, device: str) -> tuple[float, float]:
     for thread in threads:
         thread.join()
     wall = time.monotonic() - started
-    if len(children) != count:
+    if len(made) != count:
         raise SystemExit("a forked child failed to start")
-    cpu = sum(_cpu_seconds(child.proc.pid) for child in children)
-    for child in children:
+    cpu = sum(_cpu_seconds(child.proc.pid) for child in made)
+    for child in made:
         child.discard()
     return wall, cpu
 

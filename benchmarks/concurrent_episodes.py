@@ -79,7 +79,7 @@ HERE = Path(__file__).resolve().parent
 SOLUTION: str
 #: Per device: the task's size and the final evaluation's protocol.
 SETUPS = {
-    "cpu": (1 << 12, EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, checked_timed_calls=5,
+    "cpu": (1 << 12, EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, 
                                   compile_baseline=False)),
     "cuda": (1 << 22, EvalSettings()),
 }

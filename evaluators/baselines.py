@@ -2,8 +2,8 @@
 
 Keyed by (task content hash, device name, torch version, timing protocol version and the
 settings a timing depends on): a different GPU model, torch build or timing protocol is a
-different baseline. Measured by the same protocol as candidates
-(``timing.time_calls`` in an isolated reference process).
+different baseline. Measured by the same protocol as candidates: a worker process runs the task's
+Model (or torch.compile of it) and the judge times its calls (``child/judge.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 from kernel_env.config import cache_dir
-from kernel_env.evaluators.child.timing import PROTOCOL_VERSION
+from kernel_env.evaluators.child.protocol import PROTOCOL_VERSION
 from kernel_env.evaluators.records import Timing
 
 

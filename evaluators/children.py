@@ -1,21 +1,19 @@
 """Evaluation child processes, forked by a fork server (``forkserver.py``), and talking to them.
 
-A ``Child`` (a ``reference`` or a ``candidate`` runner, ``child/runner.py``) sees the toolchain
-read-only, ``child/`` read-only, exactly the job directories it needs (read-only or writable),
-the GPU device nodes, a private /tmp, its own pid, network, IPC and user namespaces with no
-capability, and the sandbox's resource limits. ``Spares`` are children started ahead of jobs.
+A ``Child`` (a ``judge`` or a ``worker``, ``child/runner.py``) sees the toolchain read-only,
+``child/`` read-only, exactly the job directories it needs (read-only or writable), the GPU device
+nodes, a private /tmp, its own pid, network, IPC and user namespaces with no capability, and the
+sandbox's resource limits. ``Spares`` are children started ahead of jobs.
 
-The parent speaks JSON lines to the child's stdin and reads answers from a private pipe;
-the child's stdout and stderr (the candidate's prints) go to a pipe the parent drains while a
-command runs, keeping the last ``_LOG_TAIL`` bytes for error messages: a child that prints more
-than ``_LOG_CAP`` bytes in all is ended (a flood of output, written to a file, was disk-bound work
-that slowed every job beside it, and filled the disk up to the file-size limit). Timing marks travel
-on a datagram socket of their own whose messages the kernel stamps when the child sends
-them, so the parent's clock bracket of a timed call does not depend on when the parent got
-to read them (a busy parent, with many episodes in one process, reads late). Answers and
-marks are signed with a key the parent sends first, before the child imports anything under
-test (``runner.Channel``): the child's descriptors are open to the candidate's code, its key
-is not.
+The harness sends commands (``protocol.COMMANDS``) as JSON lines to the child's stdin and reads
+its answers (``protocol.Reply``) from a private pipe, each signed with a key the harness sends
+first, before the child imports anything under test: the worker's descriptors are open to the
+candidate's code, its key is kept by the runner's channel. The child's stdout and stderr (the
+candidate's prints) go to a pipe the harness drains while a command runs, keeping the last
+``_LOG_TAIL`` bytes for error messages: a child that prints more than ``_LOG_CAP`` bytes in all is
+ended (a flood of output, written to a file, was disk-bound work that slowed every job beside it,
+and filled the disk up to the file-size limit). Each child also has a parent socket, on which the
+harness hands the judge and the worker of a job the two ends of their own socket (``connect``).
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import atexit
 import contextlib
 import fcntl
 import hmac
-import json
 import os
 import resource
 import secrets
@@ -32,7 +29,6 @@ import selectors
 import shutil
 import signal
 import socket
-import struct
 import tempfile
 import threading
 import time
@@ -42,6 +38,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import IO
 
+from kernel_env.evaluators.child import protocol
+from kernel_env.evaluators.child.protocol import Message, ProtocolError, Reply
 from kernel_env.evaluators.forkserver import (
     ROLE_DIRS,
     ChildError,
@@ -52,8 +50,6 @@ from kernel_env.evaluators.forkserver import (
 from kernel_env.sandbox.bwrap import PidNamespace, python_executable
 from kernel_env.sandbox.limits import Cgroup, Limits
 
-# Receive timestamps of the marks socket (SCM_TIMESTAMPNS == SO_TIMESTAMPNS; 35 on x86-64 and arm64).
-_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 #: A command still running after this long yields the processor to shorter work: its process's
 #: threads run at ``_SLOW_NICE`` until it answers (a candidate spinning in ``forward`` on a 2-core
 #: machine took the control beside it from 0.9 s to 1.3 s without it). Only where the niceness can
@@ -77,12 +73,19 @@ def _host_memory_share(fraction: float) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * fraction)
 
 
+class CommandFailed(Exception):
+    """The child ran the command and reports that it failed (its own words, and the exception's type)."""
+
+    def __init__(self, message: str, kind: str | None = None):
+        super().__init__(message)
+        self.kind = kind
+
+
 class Child:
     """One isolated evaluation process, forked by ``zygote`` into ``folder`` (a folder of its ``jobs``).
 
     ``dirs``: the job directories it sees (target -> writable), each the folder's subfolder of
-    the target's name; ``preload``: make its CUDA context and the harness's kernels ready before
-    any job (a spare)."""
+    the target's name; ``preload``: make its CUDA context before any job (a spare)."""
 
     def __init__(self, role: str, zygote: Zygote, folder: Path, *, dirs: dict[str, bool], env: dict[str, str],
                  shared: dict[str, Path] | None = None, limits: Limits | None = None, preload: bool = False):
@@ -114,9 +117,7 @@ class Child:
         self._buffer = b""
         stdin_read, stdin_write = os.pipe()
         self._reply_fd, reply_write = os.pipe()
-        self._marks, child_marks = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._marks.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-        self._marks.setblocking(False)
+        self._parent, child_parent = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.stdin: IO[bytes] = os.fdopen(stdin_write, "wb")
         request = {"role": role, "binds": [(target, f"{folder.name}/{PurePosixPath(target).name}", writable)
                                            for target, writable in dirs.items()],
@@ -124,7 +125,7 @@ class Child:
                    "cwd": "/tmp" if self.isolated else str(folder), "preload": preload}
         self._namespace: PidNamespace | None = None
         try:
-            self.proc = zygote.fork(request, (stdin_read, log_write, reply_write, child_marks.fileno()),
+            self.proc = zygote.fork(request, (stdin_read, log_write, reply_write, child_parent.fileno()),
                                     place=self._cgroup.add if self._cgroup is not None else lambda pid: None)
         except BaseException:
             self._release()
@@ -133,11 +134,11 @@ class Child:
             os.close(stdin_read)
             os.close(log_write)
             os.close(reply_write)
-            child_marks.close()
+            child_parent.close()
         if self.isolated:
             self._namespace = self.proc.pid_namespace()
         self._key = secrets.token_bytes(32)
-        self._send("start", self._key.hex())
+        self._write("start", self._key.hex())
 
     @classmethod
     def spawn(cls, role: str, *, env: dict[str, str], gpu: bool, label: str = "ke", preload: bool = False,
@@ -161,66 +162,70 @@ class Child:
         """Where the child sees a bound directory."""
         return self.paths[target]
 
-    def call(self, cmd: str, timeout: float, *, feed: Sequence[dict] = (), yields: bool = True,
-             **payload) -> tuple[dict, list[tuple[str, int, float]]]:
-        """Send a command; return its answer and the marks the child sent on the way, each with
-        the kernel's clock reading (seconds) of the moment the child sent it.
+    def call(self, command: Message, answer: type[Message] | None, timeout: float, *, yields: bool = True):
+        """Send ``command`` and return the child's answer, decoded as ``answer`` (a dict where None).
+        CommandFailed where the child reports an error; ChildError where it died, hung, broke the
+        protocol or overran ``timeout`` (see ``receive``)."""
+        self.send(command)
+        return self.receive(command, answer, timeout, yields=yields)
 
-        ``timeout``: seconds the command may run, not counting time the child spent frozen.
-        ``yields``: whether the child yields the processor once the command has run
-        ``_SLOW_AFTER_S`` (never for a timing run).
+    def send(self, command: Message) -> None:
+        self._write(type(command).__name__, command.encode().decode())
 
-        ``feed[k]`` goes to the child as one more line once its mark ``end:k`` has arrived, and not
-        before: a timing run's next seed exists in the child only after the call before has ended.
-        (A mark sent early to get ahead is a duplicate when the real one comes, which the clock
-        check refuses.)"""
-        self._send(cmd, {"cmd": cmd, **payload})
-        marks: list[tuple[str, int, float]] = []
-        fed = 0
-
-        def on_marks() -> None:
-            nonlocal fed
-            while fed < len(feed) and any(kind == "end" and k == fed for kind, k, _ in marks):
-                self._send(cmd, feed[fed])
-                fed += 1
-
-        line = self._read_line(cmd, timeout, marks, on_marks, yields)
-        self._drain_marks(marks)  # every mark was sent before the answer, so all are queued by now
+    def receive(self, command: Message, answer: type[Message] | None, timeout: float, *, yields: bool = True,
+                beside: Sequence[Child] = ()):
+        """The answer to ``command`` (sent earlier). ``timeout``: seconds it may take, not counting
+        time the child spent frozen. ``yields``: whether the child yields the processor once the
+        command has run ``_SLOW_AFTER_S`` (never for a timing run). ``beside``: children working
+        with this one meanwhile (a job's judge and worker), whose prints are drained too."""
+        name = type(command).__name__
+        line = self._read_line(name, timeout, yields, beside)
         text, _, mac = line.decode("utf-8", "replace").rpartition("\t")
-        if not hmac.compare_digest(mac, self._sign(text)):
-            raise ChildError(f"the {self.role} process sent an answer to {cmd} that the harness did not write "
+        if not hmac.compare_digest(mac, protocol.sign(self._key, text)):
+            raise ChildError(f"the {self.role} process sent an answer to {name} that the harness did not write "
                              "(something in it wrote to the harness's channel)")
         try:
-            answer = json.loads(text)
-        except json.JSONDecodeError:
-            raise ChildError(f"the {self.role} process broke the protocol during {cmd}") from None
-        if not isinstance(answer, dict):
-            raise ChildError(f"the {self.role} process broke the protocol during {cmd}")
-        return answer, marks
+            reply = protocol.decode(text, Reply)
+            if not reply.ok:
+                raise CommandFailed(reply.error or "no reason given", reply.kind)
+            return reply.body if answer is None else protocol.decode(reply.body, answer)
+        except ProtocolError as exc:
+            raise ChildError(f"the {self.role} process broke the protocol during {name} ({exc})") from None
 
-    def _sign(self, text: str) -> str:
-        return hmac.digest(self._key, text.encode(), "sha256").hex()[:32]
-
-    def _send(self, cmd: str, message: dict | str) -> None:
+    def connect(self, other: Child) -> None:
+        """Give this child and ``other`` the two ends of a socket of their own (the judge and the worker of a job)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.stdin.write(((message if isinstance(message, str) else json.dumps(message)) + "\n").encode())
+            for child, end in ((self, ours), (other, theirs)):
+                try:
+                    socket.send_fds(child._parent, [b"peer"], [end.fileno()])
+                except OSError:
+                    raise ChildError(child._death_note(f"the {child.role} process died before it was connected")) from None
+        finally:
+            ours.close()
+            theirs.close()
+
+    def _write(self, cmd: str, text: str) -> None:
+        try:
+            self.stdin.write((text + "\n").encode())
             self.stdin.flush()
         except (BrokenPipeError, OSError):
             raise ChildError(self._death_note(f"the {self.role} process died during {cmd}")) from None
 
-    def _read_line(self, cmd: str, timeout: float, marks: list[tuple[str, int, float]], on_marks, yields: bool) -> bytes:
+    def _read_line(self, cmd: str, timeout: float, yields: bool, beside: Sequence[Child]) -> bytes:
         began, frozen_before = time.monotonic(), self.frozen_s()
         measured = began
         try:
             while b"\n" not in self._buffer:
                 now = time.monotonic()
                 ran = now - began - (self.frozen_s() - frozen_before)  # time spent frozen does not count
-                if self.quota is not None and now - measured >= _QUOTA_EVERY_S:
+                if now - measured >= _QUOTA_EVERY_S:
                     measured = now
-                    over = self._over_quota()
-                    if over:
-                        self.kill()
-                        raise ChildError(f"the {self.role} process {over} during {cmd} and was ended")
+                    for child in (self, *beside):
+                        over = child._over_quota() if child.quota is not None else ""
+                        if over:
+                            child.kill()
+                            raise ChildError(f"the {child.role} process {over} during {cmd} and was ended")
                 if yields and ran >= _SLOW_AFTER_S:
                     self._yield_processor(True)
                 remaining = timeout - ran
@@ -229,19 +234,18 @@ class Child:
                     raise ChildError(f"{cmd} took longer than {timeout:.0f}s and was killed (a hang, a deadlock or an endless loop?)")
                 with selectors.DefaultSelector() as sel:
                     sel.register(self._reply_fd, selectors.EVENT_READ)
-                    sel.register(self._marks, selectors.EVENT_READ)
-                    if self._log_open:
-                        sel.register(self._log, selectors.EVENT_READ)
+                    logs = {c._log: c for c in (self, *beside) if c._log_open and c._log >= 0}
+                    for fd in logs:
+                        sel.register(fd, selectors.EVENT_READ)
                     ready = {key.fileobj for key, _ in sel.select(min(remaining, 1.0))}
-                if self._log in ready and not self._drain_log():
-                    self.kill()
-                    raise ChildError(f"the {self.role} process printed more than {_LOG_CAP >> 20} MiB during {cmd} and was "
-                                     "ended (a flood of output)")
-                if self._marks in ready:
-                    self._drain_marks(marks)  # a full queue would block the child
-                    on_marks()
+                for fd in ready & set(logs):
+                    child = logs[fd]
+                    if not child._drain_log():
+                        child.kill()
+                        raise ChildError(f"the {child.role} process printed more than {_LOG_CAP >> 20} MiB during {cmd} and "
+                                         "was ended (a flood of output)")
                 if self._reply_fd not in ready:
-                    if not ready - {self._log} and self.proc.poll() is not None:
+                    if not ready and self.proc.poll() is not None:
                         raise ChildError(self._death_note(f"the {self.role} process died during {cmd}"))
                     continue
                 chunk = os.read(self._reply_fd, 1 << 20)
@@ -249,6 +253,9 @@ class Child:
                     self.proc.wait()
                     raise ChildError(self._death_note(f"the {self.role} process died during {cmd}"))
                 self._buffer += chunk
+                if len(self._buffer) > protocol.MAX_MESSAGE + 1024 and b"\n" not in self._buffer:
+                    self.kill()
+                    raise ChildError(f"the {self.role} process sent an answer to {cmd} longer than the protocol allows")
         finally:
             self._yield_processor(False)
         line, self._buffer = self._buffer.split(b"\n", 1)
@@ -275,22 +282,6 @@ class Child:
             pass  # the process has ended
         if not yielding:
             self._nice = None
-
-    def _drain_marks(self, marks: list[tuple[str, int, float]]) -> None:
-        """Read the queued marks (``start:K`` / ``end:K``) with their send-time stamps."""
-        while True:
-            try:
-                data, ancillary, _, _ = self._marks.recvmsg(64, socket.CMSG_SPACE(16))
-            except (BlockingIOError, InterruptedError):
-                return
-            stamp = next((struct.unpack("qq", raw[:16]) for level, kind, raw in ancillary
-                          if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16), None)
-            text, _, mac = data.decode("ascii", "replace").rpartition(":")
-            kind, _, k = text.partition(":")
-            if stamp is None or not k.isdigit() or not hmac.compare_digest(mac, self._sign(text)):
-                marks.append(("malformed", -1, 0.0))  # the clock check refuses a run with any
-                continue
-            marks.append((kind, int(k), stamp[0] + stamp[1] * 1e-9))
 
     def _death_note(self, what: str) -> str:
         code = self.proc.poll()
@@ -398,7 +389,7 @@ class Child:
         with contextlib.suppress(OSError):
             self.stdin.close()
         os.close(self._reply_fd)
-        self._marks.close()
+        self._parent.close()
         self._drain_log()  # for a death note still to be written
         os.close(self._log)
         self._log = -1
@@ -427,7 +418,7 @@ class Spares:
     A spare is a ``Child.spawn`` like any other: its own sandbox, its own empty directories, its
     own key, and it serves exactly one job (a CUDA fault or anything a candidate left behind ends
     with it). What it has done ahead of time, before any job's file exists, is, on a GPU, to
-    make its CUDA context and load the harness's Triton kernels (``timing.preload``), so a job
+    make its CUDA context (``runner.preload``), so a job
     that takes it waits for none of that. Taking a spare starts a successor at once, and jobs
     take the oldest, so each spare has two jobs' time to get ready. (Before the fork server, a
     spare was a fresh interpreter that imported torch, Triton and torch._dynamo: about 8 s on an

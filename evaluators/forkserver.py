@@ -36,12 +36,12 @@ from kernel_env.sandbox.bwrap import (
 
 #: The process boundary: the one folder bound into the fork server and its children (child/__init__.py).
 CHILD_DIR = Path(__file__).resolve().parent / "child"
-#: What each role's child sees of its job (read-only, writable): the reference writes the seeded
-#: weights and init inputs there, and reads the candidate's trial files moved in for it to compare;
-#: the candidate reads the snapshot and writes its own outputs.
+#: What each role's child sees of its job (read-only, writable): the judge writes the reference's
+#: seeded weights and init inputs there; the worker reads the snapshot (a candidate's) and its copy
+#: of the weights.
 ROLE_DIRS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "reference": ((), ("/job/ref",)),
-    "candidate": (("/job/snapshot",), ("/job/cand",)),
+    "judge": ((), ("/job/ref",)),
+    "worker": (("/job/snapshot",), ("/job/cand",)),
 }
 # A fork server's imports took 8-13 s of a core on a loaded H100 machine; its first GPU child compiles too.
 _ZYGOTE_START_TIMEOUT_S = 600.0
@@ -77,7 +77,7 @@ class Zygote:
     The server runs in a bubblewrap sandbox of its own whose /jobs is ``self.jobs``: every child's
     folder lives there, and each child sees its own directories and none of the others'."""
 
-    def __init__(self, env: dict[str, str], *, gpu: bool, shared: dict[str, Path], prime_device: str = ""):
+    def __init__(self, env: dict[str, str], *, gpu: bool, shared: dict[str, Path]):
         self.folder = Path(tempfile.mkdtemp(prefix="kernel_env-zygote-"))
         self.jobs = self.folder / "jobs"
         self.jobs.mkdir()
@@ -86,7 +86,7 @@ class Zygote:
         self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         python = python_executable()
         server_env = {**child_env(python), **env, "KE_ZYGOTE_FD": str(theirs.fileno()),
-                      "KE_ISOLATE": "1" if self.isolated else "", "KE_PRIME_DEVICE": prime_device}
+                      "KE_ISOLATE": "1" if self.isolated else "", "KE_GPU": "1" if gpu else ""}
         command = [python, "-I", "-B"]
         if self.isolated:
             argv = base_argv(self.folder / "identity", host_proc=True, die_with_parent=False)
@@ -269,7 +269,7 @@ def zygote_for(env: dict[str, str], *, gpu: bool, shared: dict[str, Path] | None
         if server is None or not server.alive():
             if server is not None:
                 server.close()
-            server = Zygote(kind, gpu=gpu, shared=shared, prime_device=env.get("CUDA_VISIBLE_DEVICES", "") if gpu else "")
+            server = Zygote(kind, gpu=gpu, shared=shared)
             with _zygotes_lock:
                 _zygotes[key] = server
         return server

@@ -3,15 +3,20 @@
 The run-time audit sees torch compute during the correctness trials. What it cannot see is
 code that notices it is being audited, profiled or timed and behaves differently, or code
 that reaches into the process around it. Honest kernels never need any of that, so the
-tools for it are refused outright, by name, with the file and line.
+tools for it are refused outright, by name, with the file and line. What the built module itself
+imports and executes is checked as well (module_rules.py): C++ can name a function where no text
+rule reads it.
 """
 
 from __future__ import annotations
 
+import bisect
 import io
 import re
 import tokenize
 from pathlib import Path
+
+from kernel_env.evaluators.module_rules import check_module
 
 # Python: introspection of the harness, the dispatcher, the profiler, the interpreter. Honest
 # kernels need none of it; the reflection primitives are refused because each is a way to
@@ -97,6 +102,8 @@ _PYTHON_RAW_RULES: tuple[tuple[str, str], ...] = (
      r"\b(?:f_back|f_locals|f_globals|f_builtins|tb_frame|tb_next|gi_frame|cr_frame|ag_frame|_getframe|_current_frames)\b",
      "names the interpreter's internals, in code or in a string (format fields and unpickled data reach objects by name)"),
 )
+_RENAMES = ("binds a symbol under another name (`.symver`, the symver/weakref attributes, `#pragma weak` or "
+            "`redefine_extname`): the function it calls is hidden from these rules; call functions by their own names")
 _THREADS = ("starts threads or processes, or loads code at run time: work that runs on after forward returns is "
             "out of the timing's sight (parallelise with OpenMP: `#pragma omp parallel for`)")
 # With `using namespace std`, std::thread is `thread`: declared, constructed, listed or aliased by a macro.
@@ -143,11 +150,16 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
      r"(?<![.>\w])(?:clone|read|write|pread\w*|pwrite\w*|readv|writev|send|sendto|sendmsg|recv|recvfrom|recvmsg|ioctl|dup[23]?)\s*\(|"
      r"\bstd::[io]?fstream\b",
      "touches files, file descriptors, memory mappings or the process itself (open, read/write, mmap, syscall, ...)"),
+    # The same outside strings: the symver and weakref attributes, `#pragma weak` and `#pragma redefine_extname`.
+    (r"\b_*(?:symver|weakref)_*\b|^[ \t]*#[ \t]*pragma[ \t]+(?:weak|redefine_extname)\b", _RENAMES),
 )
 # Checked with string literals kept: inline assembly that enters the kernel (PTX has no such instruction).
 _NATIVE_RAW_RULES: tuple[tuple[str, str], ...] = (
     (r"\bsyscall\b|\bsysenter\b|\bint\s+\$?0x80\b|\bsvc\s+#?0\b",
      "makes system calls from inline assembly"),
+    # A symbol bound under another name, in a string: `.symver local, pthread_create@GLIBC_2.2.5` (in any asm
+    # template) or `_Pragma("redefine_extname ...")`.
+    (r"\.symver\b|\b_Pragma\s*\(\s*\"\s*(?:weak|redefine_extname)\b", _RENAMES),
 )
 # torch / ATen functions a binding may call: allocation, options, the stream and device guard.
 _ALLOWED_TORCH_CALLS = frozenset({
@@ -186,6 +198,7 @@ def check_sources(snapshot: Path) -> list[str]:
                 checks.append((_BARE_THREADS, _THREADS + " (`thread` under `using namespace std` is std::thread)", text))
             with_strings = _code_only(raw, python=False, keep_strings=True)
             checks += [(pattern, why, with_strings) for pattern, why in _NATIVE_RAW_RULES]
+            violations += _asm_violations(path.relative_to(snapshot), text)
         else:
             with_strings = _code_only(raw, python=True, keep_strings=True)
             checks += [(pattern, why, with_strings) for pattern, why in _PYTHON_RAW_RULES]
@@ -194,7 +207,139 @@ def check_sources(snapshot: Path) -> list[str]:
                 line = text.count("\n", 0, match.start()) + 1
                 violations.append(f"{path.relative_to(snapshot)}:{line} {why}: `{match.group(0).strip()}`")
                 break
-    return violations
+    return violations + check_module(snapshot)
+
+
+# Inline assembly, read from C++ with string literals blanked. What is refused, and why:
+# * an asm label: a bare `asm("name")` / `__asm__("name")` / `__asm("name")` after a declarator
+#   (`extern "C" int run_it(const char*) __asm__("PyRun_SimpleString");`, `int x asm("...")`), at
+#   namespace scope or in a declaration inside a function: the declared function is the named
+#   symbol, whatever the name in the code says, so every rule that reads names is past. The name
+#   is in the string, so the construct is what is refused: asm in declarator position (after an
+#   identifier, `)` of a declarator, `]`, ...). A label takes no qualifier and no operands, so an
+#   asm with `volatile`/`inline`/`goto` or with `:` operands is never one.
+# * a top-level asm block: asm in statement position outside any function body (file, namespace,
+#   extern "C" or class scope), with or without qualifiers: assembly there defines symbols, aliases
+#   and code no rule reads, and honest kernels never need it.
+# * asm hidden in a macro in a form that could become either of those once expanded: a bare
+#   `asm("...")` (no qualifier, no operands) or the keyword without its parenthesis
+#   (`#define L(n) asm(n)`, `#define A __asm__`). Write `asm volatile(...)` in macros.
+# * a C++ keyword redefined with #define (`#define while f`): the text no longer reads as code.
+# What is not refused: inline asm statements inside function bodies, `asm volatile(...)`, extended
+# asm with operands, and bare `asm("...")` in statement position (after `;`, `{`, `}`, a label,
+# `else`, `do`, or the `)` of if/while/for/switch): PTX in __device__ code (`asm volatile("mov.u32
+# %0, %%laneid;" : "=r"(r))`), compiler barriers (`asm volatile("" ::: "memory")`). Their templates
+# are read too: system-call instructions by _NATIVE_RAW_RULES, `.symver` by the renaming rule, and
+# whatever they call or execute by the module rules (module_rules.py), which also stand behind what
+# this text reading cannot see (macros that hide braces or keywords).
+_ASM = re.compile(r"\b(?:asm|__asm|__asm__)\b")
+_ASM_QUALIFIERS = re.compile(r"(?:\s*\b(?:volatile|__volatile__|__volatile|inline|__inline|__inline__|goto)\b)*\s*")
+_KEYWORD_MACRO = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(?:if|while|for|switch|else|do|return|asm|__asm|__asm__|volatile|"
+                            r"__volatile__|goto|namespace|extern|struct|class|union|enum|template|typedef)\b", re.MULTILINE)
+_SCOPE_HEAD = re.compile(r"(?:template\s*<.*?>\s*)?(?:typedef\s+)?(?:(?:inline\s+)?namespace|class|struct|union|enum)\b|"
+                         r"extern\s*$", re.DOTALL)
+_ASM_LABEL = ("declares a function or variable under an assembler name (an asm label, `int f(...) __asm__(\"name\")`): "
+              "it calls whatever symbol the string names (PyRun_SimpleString, pthread_create) under a harmless name")
+_ASM_TOP_LEVEL = ("has a top-level asm block (assembly outside any function body defines symbols, aliases and code no "
+                  "rule reads); inline asm belongs in function bodies")
+_ASM_MACRO = ("hides asm in a macro in a form that becomes an asm label or a top-level block once expanded (a bare "
+              "`asm(\"...\")`, or the keyword without its parentheses); in a macro write `asm volatile(...)`")
+
+
+def _asm_violations(name: Path, text: str) -> list[str]:
+    """Asm labels, top-level asm blocks, asm hidden in macros, keywords redefined (see above)."""
+    found: dict[str, tuple[int, str]] = {}
+
+    def refuse(why: str, pos: int, shown: str) -> None:
+        found.setdefault(why, (text.count("\n", 0, pos) + 1, shown))
+
+    for match in _KEYWORD_MACRO.finditer(text):
+        refuse("redefines a C++ keyword with #define: the code no longer reads as it is written", match.start(),
+               match.group(0).strip())
+    directives = [(m.start(), m.end()) for m in re.finditer(r"^[ \t]*#[^\n]*", text, flags=re.MULTILINE)]
+    code = list(text)
+    for start, end in directives:  # braces and asm in directives are not code until a macro expands
+        code[start:end] = " " * (end - start)
+    code = "".join(code)
+    for start, end in directives:
+        if not re.match(r"[ \t]*#[ \t]*define\b", text[start:end]):
+            continue  # `#include <asm/unistd.h>` names a folder
+        for match in _ASM.finditer(text, start, end):
+            operands = _asm_operands(text, match.end(), end)
+            if operands is None or not operands[0]:
+                refuse(_ASM_MACRO, match.start(), text[match.start():end].strip()[:60])
+    body_at = _function_bodies(code)
+    for match in _ASM.finditer(code):
+        operands = _asm_operands(code, match.end(), len(code))
+        if operands is None:
+            refuse(_ASM_MACRO, match.start(), code[match.start():match.start() + 40].split("\n")[0])
+            continue
+        shown = code[match.start():operands[1]][:80]
+        qualified_or_extended, _ = operands
+        statement = _statement_position(code, match.start())
+        if not statement and not qualified_or_extended:
+            declaration = max(code.rfind(c, 0, match.start()) for c in ";{}") + 1
+            refuse(_ASM_LABEL, match.start(), code[declaration:operands[1]].strip()[-80:])
+        elif not body_at(match.start()):  # (a qualified asm after a macro that ends a declaration, too)
+            refuse(_ASM_TOP_LEVEL, match.start(), shown)
+    return [f"{name}:{line} {why}: `{' '.join(shown.split())}`" for why, (line, shown) in found.items()]
+
+
+def _asm_operands(text: str, pos: int, stop: int) -> tuple[bool, int] | None:
+    """After an asm keyword: (has a qualifier or `:` operands, the end of its parentheses), or None
+    where no balanced parenthesis follows the qualifiers."""
+    qualifiers = _ASM_QUALIFIERS.match(text, pos)
+    pos = qualifiers.end()
+    if pos >= stop or text[pos] != "(":
+        return None
+    depth = 0
+    for i in range(pos, stop):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return bool(qualifiers.group(0).strip()) or ":" in text[pos:i], i + 1
+    return None
+
+
+def _statement_position(code: str, pos: int) -> bool:
+    """Whether what starts at ``pos`` can only be a statement (not a declarator's asm label)."""
+    i = pos - 1
+    while i >= 0 and code[i].isspace():
+        i -= 1
+    if i < 0 or code[i] in ";{}:":
+        return True
+    if code[i] == ")":
+        depth = 0
+        while i >= 0:
+            depth += {")": 1, "(": -1}.get(code[i], 0)
+            if depth == 0:
+                break
+            i -= 1
+        before = re.search(r"(\w+)\s*$", code[:max(i, 0)])
+        return bool(before) and before.group(1) in ("if", "while", "for", "switch", "constexpr")
+    word = re.search(r"(\w+)$", code[:i + 1])
+    return bool(word) and word.group(1) in ("else", "do")
+
+
+def _function_bodies(code: str):
+    """A function of a position: whether it lies inside a function body (or a lambda's, or any brace
+    that is not a namespace, linkage, class, union or enum scope), read from the braces."""
+    marks: list[tuple[int, bool]] = [(0, False)]  # (position, in a body from here on)
+    stack: list[bool] = []
+    boundary = 0
+    for match in re.finditer(r"[{};]", code):
+        char = match.group(0)
+        if char == "{":
+            body = (stack and stack[-1]) or not _SCOPE_HEAD.match(code[boundary:match.start()].strip())
+            stack.append(bool(body))
+        elif char == "}" and stack:
+            stack.pop()
+        boundary = match.end()
+        marks.append((match.end(), bool(stack) and stack[-1]))
+    starts = [position for position, _ in marks]
+
+    def body_at(pos: int) -> bool:
+        return marks[bisect.bisect_right(starts, pos) - 1][1]
+    return body_at
 
 
 def _torch_calls(name: Path, text: str) -> list[str]:

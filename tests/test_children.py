@@ -17,7 +17,8 @@ import textwrap
 import pytest
 
 from kernel_env.evaluators import forkserver
-from kernel_env.evaluators.children import Child, ChildError
+from kernel_env.evaluators.child.protocol import Setup
+from kernel_env.evaluators.children import Child, ChildError, CommandFailed
 from kernel_env.sandbox.bwrap import bubblewrap_problem
 
 pytestmark = pytest.mark.skipif(bubblewrap_problem() is not None,
@@ -49,15 +50,17 @@ _PROBE = textwrap.dedent("""
 def probe(body: str, child: Child | None = None) -> dict:
     """Run ``body`` (probe code that fills ``facts``) in a reference child; the facts it found."""
     own = child is None
-    child = child or Child.spawn("reference", env=ENV, gpu=False, label="test-children")
+    child = child or Child.spawn("judge", env=ENV, gpu=False, label="test-children")
     try:
-        answer, _ = child.call("setup", 120, device="cpu", out_dir=child.path("/job/ref"),
-                               task_code=_PROBE + textwrap.dedent(body) + '\nraise RuntimeError("FACTS " + json.dumps(facts))\n')
+        with pytest.raises(CommandFailed) as failed:
+            child.call(Setup(device="cpu", out_dir=child.path("/job/ref"),
+                             task_code=_PROBE + textwrap.dedent(body) + '\nraise RuntimeError("FACTS " + json.dumps(facts))\n'),
+                       None, 120)
     finally:
         if own:
             child.discard()
-    error = answer.get("error") or ""
-    assert "FACTS " in error, answer
+    error = str(failed.value)
+    assert "FACTS " in error, error
     return json.loads(error[error.index("FACTS ") + 6:].splitlines()[0])
 
 
@@ -71,10 +74,10 @@ def test_a_child_is_the_first_process_of_its_own_namespace_and_sees_no_other():
 
 
 def test_a_child_sees_its_own_job_directories_and_nothing_of_other_jobs():
-    other = Child.spawn("candidate", env=ENV, gpu=False, label="test-children")
+    other = Child.spawn("worker", env=ENV, gpu=False, label="test-children")
     try:
         (other.host_paths["/job/cand"] / "secret").write_text("x")
-        child = Child.spawn("reference", env=ENV, gpu=False, label="test-children")
+        child = Child.spawn("judge", env=ENV, gpu=False, label="test-children")
         (child.host_paths["/job/ref"] / "mine").write_text("x")
         facts = probe("""
             facts["ref"] = os.listdir("/job/ref")
@@ -153,7 +156,7 @@ def test_a_child_holds_only_its_own_descriptors_and_limits():
 
 
 def test_a_child_is_placed_in_its_cgroup_before_it_runs():
-    child = Child.spawn("reference", env=ENV, gpu=False, label="test-children")
+    child = Child.spawn("judge", env=ENV, gpu=False, label="test-children")
     try:
         if child._cgroup is None:
             pytest.skip("no cgroup can be made here")
@@ -163,14 +166,14 @@ def test_a_child_is_placed_in_its_cgroup_before_it_runs():
 
 
 def test_how_a_child_ended_is_reported():
-    child = Child.spawn("reference", env=ENV, gpu=False, label="test-children")
+    child = Child.spawn("judge", env=ENV, gpu=False, label="test-children")
     try:
         with pytest.raises(ChildError, match="exit code 3"):
-            child.call("setup", 60, device="cpu", out_dir=child.path("/job/ref"), task_code="import os\nos._exit(3)\n")
+            child.call(Setup(device="cpu", out_dir=child.path("/job/ref"), task_code="import os\nos._exit(3)\n"), None, 60)
         assert child.proc.poll() == 3
     finally:
         child.discard()
-    killed = Child.spawn("reference", env=ENV, gpu=False, label="test-children")
+    killed = Child.spawn("judge", env=ENV, gpu=False, label="test-children")
     killed.kill()
     assert killed.proc.poll() == -9
     killed.discard()
@@ -182,7 +185,7 @@ def test_a_child_that_cannot_be_set_up_is_a_clear_error():
     folder.mkdir()
     try:
         with pytest.raises(ChildError, match="could not be started.*/job/nowhere"):
-            Child("reference", zygote, folder, dirs={"/job/nowhere": True}, env=ENV)
+            Child("judge", zygote, folder, dirs={"/job/nowhere": True}, env=ENV)
     finally:
         shutil.rmtree(folder)
 

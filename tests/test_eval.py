@@ -46,7 +46,7 @@ from kernel_env.workloads.llm import RunError, Server, connect
 from kernel_env.workloads.metrics import EpisodeRecord, compute_metrics, read_records
 
 runner = CliRunner()
-SETTINGS = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, checked_timed_calls=5,
+SETTINGS = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, 
                         compile_baseline=False, speedup_margin=1000.0)
 SETTINGS_JSON = SETTINGS.model_dump_json()
 CPP = example_dir("relu_add") / "solutions" / "cpp"

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_env.evaluators import children, forkserver, harness
+from kernel_env.evaluators import children, forkserver, harness, job as job_module
 from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.harness import evaluate
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
@@ -90,7 +90,7 @@ EDGE_TASKS = {
                                 .replace("return []", "return [nn.ReLU]"),
 }
 EDGE_TASKS["edge_nested_flat"] = EDGE_TASKS["edge_nested"]
-SETTINGS = EvalSettings(timed_calls=10, warmup_calls=3, checked_timed_calls=3, job_timeout_s=120)
+SETTINGS = EvalSettings(timed_calls=10, warmup_calls=3, job_timeout_s=120)
 PARALLEL_JOBS = 3
 
 # Verification jobs started in the background at the beginning of the session (name -> settings).
@@ -105,9 +105,10 @@ TRITON_VERIFY = [
     "patch_rng", "thread_deferred", "thread_left_running", "thread_left_running_evasive", "loosen_tolerance",
     "exit_in_forward", "sys_exit_in_forward", "exit_at_import", "sys_exit_at_import", "huge_alloc",
     "subclass_output", "parameter_detach_patched", "output_method_attribute", "tensor_methods_shadowed",
+    "sampled_elements",
 ]
 CPP_VERIFY = [
-    "honest", "joined_std_threads", "torch_ops", "torch_ops_direct", "torch_ops_direct_evasive", "torch_ops_hidden",
+    "honest", "asm_label_pyrun", "asm_label_thread", "joined_std_threads", "torch_ops", "torch_ops_direct", "torch_ops_direct_evasive", "torch_ops_hidden",
     "torch_ops_hidden_evasive", "torch_ops_sources_edited", "uninit", "inplace", "deferred", "deferred_jthread",
 ]
 
@@ -157,14 +158,43 @@ def make_snapshot(root: Path, language: str, name: str, so_path: Path | None = N
         shutil.copytree(CANDIDATES / "triton" / "kernels", snap / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
     else:
         # A cpp fixture names the kernel sources its snapshot carries: "# kernels: a.cpp b.h".
-        listed = next(line for line in source.read_text().splitlines() if line.startswith("# kernels:"))
         (snap / "kernels").mkdir()
-        for file in listed.split(":", 1)[1].split():
+        for file in cpp_sources(name):
             shutil.copy2(CANDIDATES / "cpp" / "kernels" / file, snap / "kernels" / file)
+        (snap / "kernels" / "fixtures_binding.cpp").write_text(fixtures_binding(fixture_headers(name, "kernels")))
         (snap / "build").mkdir()
         assert so_path is not None
         shutil.copy2(so_path, snap / "build" / so_path.name)
     return snap
+
+
+def _listed(name: str, key: str) -> list[str] | None:
+    source = (CANDIDATES / "cpp" / f"{name}.py").read_text()
+    line = next((line for line in source.splitlines() if line.startswith(f"# {key}:")), None)
+    return line.split(":", 1)[1].split() if line is not None else None
+
+
+def cpp_sources(name: str) -> list[str]:
+    """The kernel sources a cpp fixture's snapshot carries (its ``# kernels:`` line)."""
+    return [f for f in _listed(name, "kernels") if f != "fixtures_binding.cpp"]
+
+
+def fixture_headers(name: str, key: str = "module") -> tuple[str, ...]:
+    """The *_fixture.h files a cpp fixture's module is built from: its ``# module:`` line where it has one
+    (a binary built from other sources than the snapshot carries), else those its snapshot carries."""
+    listed = _listed(name, key) if key == "module" else None
+    return tuple(sorted(f for f in (listed or _listed(name, "kernels")) if f.endswith("_fixture.h")))
+
+
+def fixtures_binding(headers: tuple[str, ...]) -> str:
+    """The one binding translation unit of a module built from ``headers`` (each registers its functions
+    with ``register_<stem>``): one module per group of fixtures, so a module holds exactly the code the
+    source and module rules are to judge."""
+    includes = "".join(f'#include "{h}"\n' for h in headers)
+    calls = "".join(f"  register_{h.removesuffix('_fixture.h')}(m);\n" for h in headers)
+    return ("#include <torch/types.h>\n#include <torch/csrc/utils/pybind.h>\n\n#include \"../binding_registry.h\"\n"
+            f'#include "check.h"\n\n{includes}\nstatic void register_fixtures(pybind11::module& m) {{\n{calls}}}\n\n'
+            "REGISTER_BINDING(fixtures, register_fixtures);\n")
 
 
 def make_job(snapshot: Path, language: str, mode: Mode, settings: EvalSettings = SETTINGS, task_code: str = TASK_CODE) -> EvalJob:
@@ -247,29 +277,32 @@ def _cache_dir(pytestconfig, tmp_path_factory, name: str) -> Path:
     return Path(cache.mkdir(name)) if cache is not None else tmp_path_factory.mktemp(name)
 
 
-def _build_cpp_module(cache: Path, scratch: Path) -> Path:
-    """Build the cpp fixtures' cuda_extension once (cached by the hash of everything that goes into it)."""
-    digest = hashlib.sha256(torch.__version__.encode())
-    inputs = sorted((CANDIDATES / "cpp" / "kernels").iterdir()) + [data_dir("workspace_template") / n for n in ("binding.cpp", "binding_registry.h")]
-    inputs.append(data_dir("workspace_template") / "utils" / "build.py")
-    for path in inputs:
+def _build_cpp_module(cache: Path, workspace: Workspace, headers: tuple[str, ...]) -> Path:
+    """Build the cuda_extension of one group of cpp fixtures (cached by the hash of everything that goes
+    into it), in ``workspace``: the groups are built one after another in the same one, so the sources they
+    share compile once."""
+    kernels = CANDIDATES / "cpp" / "kernels"
+    binding = fixtures_binding(headers)
+    sources = [kernels / n for n in ("relu_add.cpp", "check.h", *headers)]
+    digest = hashlib.sha256(torch.__version__.encode() + binding.encode())
+    for path in sources + [data_dir("workspace_template") / n for n in ("binding.cpp", "binding_registry.h", "utils/build.py")]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     target = cache / digest.hexdigest()[:16]
     built = list(target.glob("cuda_extension*.so"))
     if built:
         return built[0]
-    ws = Workspace.create(TASK, "cpp", root=scratch)
-    try:
-        shutil.rmtree(ws.path / "kernels")
-        shutil.copytree(CANDIDATES / "cpp" / "kernels", ws.path / "kernels")
-        proc = subprocess.run(["bash", "utils/compile.sh"], cwd=ws.path, env=compile_env(), capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, f"the cpp fixtures did not build:\n{proc.stdout}\n{proc.stderr}"
-        so = next((ws.path / "build").glob("cuda_extension*.so"))
-        target.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(so, target / so.name)
-        return target / so.name
-    finally:
-        ws.destroy()
+    shutil.rmtree(workspace.path / "kernels")
+    (workspace.path / "kernels").mkdir()
+    for path in sources:
+        shutil.copy2(path, workspace.path / "kernels" / path.name)
+    (workspace.path / "kernels" / "fixtures_binding.cpp").write_text(binding)
+    proc = subprocess.run(["bash", "utils/compile.sh"], cwd=workspace.path, env=compile_env(), capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, f"the cpp fixtures {headers} did not build:\n{proc.stdout}\n{proc.stderr}"
+    so = next((workspace.path / "build").glob("cuda_extension*.so"))
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(so, target / so.name)
+    return target / so.name
 
 
 class Jobs:
@@ -278,8 +311,12 @@ class Jobs:
     def __init__(self, root: Path, baselines: BaselineCache, cpp_cache: Path, wanted: set[str]):
         self.root, self.baselines = root, baselines
         self.executor = ThreadPoolExecutor(PARALLEL_JOBS, thread_name_prefix="eval-job")
+        self._builder = ThreadPoolExecutor(1, thread_name_prefix="cpp-build")
         self.futures: dict[tuple[str, str], Future] = {}
-        self.cpp_module: Future = self.executor.submit(_build_cpp_module, cpp_cache, root / "cpp-build")
+        self.cpp_cache = cpp_cache
+        self.modules: dict[tuple[str, ...], Future] = {}
+        self._modules_lock = threading.Lock()
+        self._workspace: Workspace | None = None  # where the cpp fixtures' modules are built (the builder's thread only)
         # Start every verification the selected tests will ask for, in file order.
         for language, names in (("triton", TRITON_VERIFY), ("cpp", CPP_VERIFY)):
             for name in names:
@@ -292,11 +329,21 @@ class Jobs:
             self.futures[key] = self.executor.submit(self._evaluate, language, name, Mode.VERIFY)
         return self.futures[key]
 
-    def so(self) -> Path:
-        return self.cpp_module.result()
+    def so(self, name: str = "honest") -> Path:
+        """The module a cpp fixture's snapshot carries (built once per group of fixtures)."""
+        headers = fixture_headers(name)
+        with self._modules_lock:
+            if headers not in self.modules:
+                self.modules[headers] = self._builder.submit(self._build, headers)
+        return self.modules[headers].result()
+
+    def _build(self, headers: tuple[str, ...]) -> Path:
+        if self._workspace is None:
+            self._workspace = Workspace.create(TASK, "cpp", root=self.root / "cpp-build")
+        return _build_cpp_module(self.cpp_cache, self._workspace, headers)
 
     def snapshot(self, language: str, name: str) -> Path:
-        return make_snapshot(self.root / "snapshots", language, name, self.so() if language == "cpp" else None)
+        return make_snapshot(self.root / "snapshots", language, name, self.so(name) if language == "cpp" else None)
 
     def _evaluate(self, language: str, name: str, mode: Mode, settings: EvalSettings = SETTINGS) -> EvalResult:
         return evaluate(make_job(self.snapshot(language, name), language, mode, settings), baselines=self.baselines)
@@ -320,6 +367,9 @@ class Jobs:
 
     def close(self) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)
+        self._builder.shutdown(wait=True, cancel_futures=True)
+        if self._workspace is not None:
+            self._workspace.destroy()
 
 
 @pytest.fixture(scope="session")
@@ -423,58 +473,6 @@ def _audit_verdict(tmp_path, found: dict) -> list[str]:
     evaluation = harness._Evaluation(job, result, "cuda:0", BaselineCache(tmp_path))
     evaluation.check_rules([{"torch_ops": {}, "triton_launches": 1, "processes": [], **found}], expected=1, when="during timing")
     return result.violations
-
-
-def test_an_audited_calls_triton_launch_count_leaves_out_the_harness_kernels():
-    """On a GPU the launch cover before the call and the end mark after it are Triton launches of
-    the harness's own, through the same wrapped entry point as the candidate's: counted, a Triton
-    forward that launched nothing read as one that launched two, and the rule never fired."""
-    from kernel_env.evaluators.child import guards, runner as runner_module, timing
-
-    runner = runner_module.Runner(channel=None)
-    runner.launches = guards.KernelLaunchCounter()
-    runner.record = guards.DeviceRecord(torch.device("cpu"), timing.COVER_KERNEL, timing.END_KERNEL)
-
-    class HarnessKernelsBench:  # the CPU bench, with the cover and the end mark counted as a GPU's are
-        marks = timing._Marks(torch.device("cpu"))
-
-        def ready(self, audited: bool = False) -> None:
-            runner.launches.launches += 1
-
-        def audited_end(self) -> None:
-            runner.launches.launches += 1
-
-    def launching(count: int):
-        def forward(x):
-            runner.launches.launches += count
-            return x
-        return forward
-
-    for count in (0, 1, 3):
-        runner.model = launching(count)
-        _, found = runner._audited_call([torch.ones(4)], HarnessKernelsBench())
-        assert found["triton_launches"] == count, found
-
-
-@pytest.mark.parametrize(("found", "violation"), [
-    ({"early_work_us": -1.0, "late_work_us": 6.2, "anchor_kernels": 2},
-     "ran work on the device 6.2 us after it returned (during timing)"),
-    ({"early_work_us": 4.9, "late_work_us": 1.1, "anchor_kernels": 2},
-     "ran work on the device 4.9 us before its call began (during timing)"),   # beside the cover's tail
-    ({"early_work_us": -0.2, "late_work_us": 0.5, "anchor_kernels": 2}, None),  # within the record's resolution
-    ({"early_work_us": -3.0, "late_work_us": -40.0, "anchor_kernels": 2}, None),  # all between the marks
-    ({"early_work_us": None, "late_work_us": None, "anchor_kernels": None}, None),  # no device record (CPU)
-    ({"early_work_us": None, "late_work_us": None, "anchor_kernels": 3}, "named like one of the evaluator's"),
-])
-def test_the_device_record_of_an_audited_call_decides_on_work_outside_its_marks(tmp_path, found, violation):
-    violations = _audit_verdict(tmp_path, found)
-    if violation is None:
-        assert violations == []
-    else:
-        assert len(violations) == 1 and violation in violations[0], violations
-
-
-# ============================================================================ torch compute instead of kernels
 
 
 def test_torch_fallback_without_triton_breaks_two_rules(jobs):
@@ -679,9 +677,9 @@ def test_a_low_level_thread_left_running_is_rejected(jobs):
 
 
 @pytest.mark.parametrize(("name", "mode", "reason"), [
-    ("helper_process", Mode.VERIFY, "started other processes, running (trials)"),
-    ("helper_process_during_timing", Mode.PROFILE, "started other processes, running during timing"),
-    ("thread_during_timing", Mode.PROFILE, "had threads running during timing (beside-the-timing)"),
+    ("helper_process", Mode.VERIFY, "started other processes, running the trials"),
+    ("helper_process_during_timing", Mode.PROFILE, "started other processes, timing"),
+    ("thread_during_timing", Mode.PROFILE, "had threads running beside its calls (beside-the-timing)"),
     # Started with _thread (not in threading.enumerate()), reached through torch's own modules.
     ("thread_hidden_via_torch", Mode.VERIFY, "left threads running (a low-level thread"),
 ])
@@ -733,7 +731,7 @@ def test_tolerances_cannot_be_loosened_from_inside(jobs):
 
 
 def test_os_exit_in_forward_is_a_clear_error(jobs):
-    assert_rejected(jobs.verify("triton", "exit_in_forward"), "the candidate process died during cand_trials (exit code 0)")
+    assert_rejected(jobs.verify("triton", "exit_in_forward"), "the worker process died during Serve (exit code 0)")
 
 
 def test_sys_exit_in_forward_is_a_clear_error(jobs):
@@ -741,7 +739,7 @@ def test_sys_exit_in_forward_is_a_clear_error(jobs):
 
 
 def test_os_exit_at_import_is_a_clear_error(jobs):
-    assert_rejected(jobs.verify("triton", "exit_at_import"), "the candidate process died during cand_load (exit code 0)")
+    assert_rejected(jobs.verify("triton", "exit_at_import"), "the worker process died during Load (exit code 0)")
 
 
 def test_sys_exit_at_import_is_a_clear_error(jobs):
@@ -804,9 +802,9 @@ def past_rules(jobs, monkeypatch):
 
 @pytest.mark.parametrize(("name", "reason"), [
     ("custom_op_named_like_aten", "kernels::clone"),
-    ("runner_instance_forged", "runner._audited_call was replaced"),
-    ("runner_patched", "runner.Runner._audited_call was replaced"),
-    ("runner_patched_evasive", "runner.Runner._audited_call was replaced"),
+    ("runner_instance_forged", "the worker._audited was added"),
+    ("runner_patched", "worker.Worker._audited was replaced"),
+    ("runner_patched_evasive", "worker.Worker._audited was replaced"),
     ("map2_elementwise", "handed to Python or numpy"),
 ])
 def test_what_the_source_rules_refuse_is_also_seen_at_run_time(jobs, past_rules, name, reason):
@@ -824,18 +822,9 @@ def test_reference_outputs_cannot_be_found_on_disk(jobs, past_rules):
 
 
 def test_links_from_the_candidate_directory_to_the_reference_are_not_followed(jobs, past_rules):
-    # cand_trial_i.pt -> ../ref/ref_trial_i.pt was valid in the parent's job directory when the parent read
-    # the outputs: followed, it compared the reference with itself (this slipped through before the harness
-    # read with O_NOFOLLOW). The reference's process reads the links now, and must not follow them either.
-    assert_rejected(jobs._evaluate("triton", "symlink_to_ref", Mode.VERIFY), "could not be read back", "elements outside")
-
-
-def test_a_candidate_planted_trial_file_is_an_error_result_not_an_exception(jobs, past_rules):
-    try:
-        result = jobs._evaluate("triton", "bad_trial_file", Mode.VERIFY)
-    except Exception as exc:  # noqa: BLE001
-        pytest.fail(f"evaluate() raised {exc!r} instead of returning a result")
-    assert_rejected(result, "trial", "output")
+    # Outputs went through files once: cand_trial_i.out -> state_dict.pt, followed, would have read the
+    # reference's side. No output crosses as a file now; the links lead nowhere and the output is wrong.
+    assert_rejected(jobs._evaluate("triton", "symlink_to_ref", Mode.VERIFY), "elements outside")
 
 
 def test_a_fifo_planted_in_the_candidate_directory_does_not_hang_the_parent(jobs, past_rules):
@@ -844,6 +833,67 @@ def test_a_fifo_planted_in_the_candidate_directory_does_not_hang_the_parent(jobs
     assert run.answered_in_time, f"evaluate() was still blocked after {run.elapsed:.0f}s"
     assert run.raised is None and run.result is not None
     assert not run.result.correct
+
+
+# ============================================================================ the judge's reads and clock (issue 32)
+# Each attack below reaches the worker's own objects (rules off: the architecture alone must hold). The
+# judge makes the inputs, reads the outputs itself and keeps the time: what the worker says can name
+# memory to read or lower a reward, never raise one.
+
+
+def test_making_the_calibration_calls_slow_buys_no_time(jobs, past_rules):
+    """Empty calls made 20 ms slow would take 20 ms out of every timed call, were they trusted."""
+    jobs.ensure_baselines()
+    honest = jobs.timed("triton", "honest")
+    attack = jobs.timed("triton", "trusted_slow_empty_calls")
+    assert_honest(honest)
+    # Timed as the honest kernel is: the round trip taken out is the one measured before the candidate existed.
+    assert attack.runtime is not None and attack.runtime_ms >= 0.5 * honest.runtime_ms, (why(attack), honest.runtime_ms)
+    assert attack.runtime.round_trip_ms < 10.0, attack.runtime
+    # And the integrity check, defence in depth, saw the worker's call path replaced.
+    assert_rejected(attack, "the worker.ops was replaced")
+
+
+def test_answering_before_the_work_is_done_is_wrong_or_timed_whole(jobs, past_rules):
+    result = jobs._evaluate("triton", "trusted_done_before_work", Mode.PROFILE)
+    if result.correct:
+        assert result.runtime_ms >= 15.0, why(result)  # the thread's 20 ms were in the judge's clock
+    else:
+        assert_rejected(result, "elements outside")
+
+
+def test_naming_another_calls_answer_as_the_output_is_wrong(jobs, past_rules):
+    assert_rejected(jobs._evaluate("triton", "trusted_points_elsewhere", Mode.VERIFY), "elements outside")
+
+
+def test_a_function_mode_that_computes_outputs_when_they_are_read_is_rejected(jobs, past_rules):
+    result = jobs._evaluate("triton", "lazy_function_mode", Mode.PROFILE)
+    assert_rejected(result, "left torch modes on the stack")
+
+
+def test_computing_only_the_elements_a_sample_would_read_is_wrong(jobs):
+    assert_rejected(jobs.verify("triton", "sampled_elements"), "elements outside")
+
+
+@pytest.mark.parametrize(("name", "imports"), [("asm_label_pyrun", "PyRun_SimpleString"), ("asm_label_thread", "pthread_create")])
+def test_python_and_threads_from_cpp_under_asm_labels_are_refused_by_name_and_in_the_module(jobs, name, imports):
+    result = jobs.verify("cpp", name)
+    assert_rejected(result, f"the module imports {imports}")
+    assert any("asm label" in v.lower() for v in result.violations), result.violations
+
+
+@pytest.mark.parametrize("name", ["asm_label_pyrun", "asm_label_thread"])
+def test_past_every_rule_python_from_cpp_and_a_late_native_thread_are_timed_whole_or_wrong(jobs, past_rules, name):
+    """Torch run from C++ with the audit's modes off is judged on the work it really did, at the speed it
+    ran; a native thread that fills the output after the call returned is read before it does (wrong),
+    or its work is inside the judge's clock."""
+    jobs.ensure_baselines()
+    result = jobs._evaluate("cpp", name, Mode.PROFILE)
+    if result.correct:
+        assert result.runtime_ms >= (5.0 if name == "asm_label_thread" else 0.0), why(result)
+        assert result.runtime_ms >= 0.5 * result.eager_ms or name == "asm_label_thread", why(result)
+    else:
+        assert_rejected(result, "elements outside", "torch computes", "threads")
 
 
 # ============================================================================ timed: honest kernels
@@ -856,8 +906,8 @@ def test_honest_triton_kernel_is_timed(jobs):
     assert result.runtime is not None and result.runtime.calls == SETTINGS.timed_calls
     assert result.eager_ms and result.compile_ms and result.runtime_ms > 0
     # Where the job's time went: every stage of both children, within the job's own duration.
-    for step in ("reference: start", "reference: setup", "reference: ref_trials", "candidate: cand_load",
-                 "candidate: cand_trials", "reference: ref_compare", "candidate: cand_time", "end children"):
+    for step in ("judge: start", "judge: Setup", "judge: RefTrials", "worker: Load", "candidate: calibrate",
+                 "candidate: trials", "candidate: timing", "end children"):
         assert step in result.steps_s, (step, result.steps_s)
     assert 0 < sum(result.steps_s.values()) <= result.duration_s
 
@@ -984,7 +1034,7 @@ def spares(jobs, monkeypatch):
     jobs.wait_all()
     monkeypatch.setenv("KERNEL_ENV_WARM_CHILDREN", "1")
     registry = children.Spares()
-    monkeypatch.setattr(harness, "_SPARES", registry)
+    monkeypatch.setattr(job_module, "SPARES", registry)
     yield registry
     registry.close()
 
@@ -997,7 +1047,7 @@ def test_a_job_takes_the_oldest_spares_and_leaves_as_many_new_ones(jobs, spares)
     first = jobs._evaluate("triton", "honest", Mode.VERIFY)
     assert_honest(first)
     before = _waiting_pids(spares)
-    assert set(before) == {"reference", "candidate"} and all(len(p) == spares.depth for p in before.values()), before
+    assert set(before) == {"judge", "worker"} and all(len(p) == spares.depth for p in before.values()), before
     second = jobs._evaluate("triton", "honest", Mode.VERIFY)
     assert_honest(second)
     after = _waiting_pids(spares)

@@ -40,7 +40,7 @@ from kernel_env.workloads.generate import (
 )
 
 runner = CliRunner()
-SETTINGS = EvalSettings(timed_calls=10, warmup_calls=3, checked_timed_calls=3, job_timeout_s=120, compile_baseline=False)
+SETTINGS = EvalSettings(timed_calls=10, warmup_calls=3, job_timeout_s=120, compile_baseline=False)
 RELU_ADD = TINY_TASK.replace("return torch.relu(x) * self.scale", "return torch.relu(x + y)") \
     .replace("def forward(self, x: torch.Tensor)", "def forward(self, x: torch.Tensor, y: torch.Tensor)") \
     .replace("return [torch.randn(8, 16)]", "return [torch.randn(8, 16), torch.randn(8, 16)]")

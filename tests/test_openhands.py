@@ -31,7 +31,7 @@ from scripted_llm import Reply, ScriptedLLM  # noqa: E402
 
 SOLUTION_DIR = example_dir() / "solutions" / "cpp"
 SOLUTION_FILES = ("model_new.py", "kernels/relu_add.cpp", "kernels/relu_add_binding.cpp")
-SETTINGS = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, checked_timed_calls=5,
+SETTINGS = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, 
                         compile_baseline=False, speedup_margin=1.0)
 
 

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewra
 
 TASK_CODE = (example_dir() / "task.py").read_text().replace("1 << 24", "1 << 12")
 SOLUTION = example_dir() / "solutions" / "cpp"
-SETTINGS = {"timed_calls": 5, "min_timed_calls": 5, "warmup_calls": 1, "checked_timed_calls": 5,
+SETTINGS = {"timed_calls": 5, "min_timed_calls": 5, "warmup_calls": 1,
             "compile_baseline": False}
 FINISH = {"name": "Finish", "arguments": {}}
 

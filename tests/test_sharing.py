@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kernel_env.evaluators.child.protocol import RefInit, Setup
 from kernel_env.evaluators.children import Child, Spares
 from kernel_env.evaluators.harness import evaluate
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
@@ -121,17 +122,17 @@ def test_a_timing_run_freezes_the_other_jobs_children_and_thaws_them_after():
 
 
 def test_a_frozen_child_answers_only_once_thawed_and_its_deadline_does_not_count_the_time_frozen():
-    child = Child.spawn("reference", env={}, gpu=False, label="test-freeze")
+    child = Child.spawn("judge", env={}, gpu=False, label="test-freeze")
     try:
-        child.call("setup", 120, device="cpu", out_dir=child.path("/job/ref"),
-                   task_code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10"))
+        child.call(Setup(device="cpu", out_dir=child.path("/job/ref"),
+                         task_code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10")), None, 120)
         if not child.freeze():
             pytest.skip("nothing here can stop a child: no freezable cgroup and no pid namespace (bubblewrap)")
         answered, raised = threading.Event(), []
 
         def ask() -> None:
             try:
-                child.call("ref_init", 3.0, init_seed=1)  # a deadline shorter than the time it is held frozen
+                child.call(RefInit(init_seed=1), None, 3.0)  # a deadline shorter than the time it is held frozen
                 answered.set()
             except Exception as exc:  # noqa: BLE001 - the test says what it was
                 raised.append(exc)
@@ -215,7 +216,7 @@ def test_jobs_sharing_a_lease_are_judged_as_alone(tmp_path):
     snapshot = tmp_path / "snapshot"
     (snapshot / "kernels").mkdir(parents=True)
     (snapshot / "model_new.py").write_text((example_dir() / "solutions" / "triton" / "model_new.py").read_text())
-    settings = EvalSettings(timed_calls=5, warmup_calls=1, checked_timed_calls=2, audited_timed_calls=1)
+    settings = EvalSettings(timed_calls=5, warmup_calls=1, audited_timed_calls=1)
     lease, spans, lock = DeviceLease(), [], threading.Lock()
     untimed, timing = lease.untimed, lease.timing
 
@@ -259,7 +260,7 @@ def test_jobs_sharing_a_lease_are_judged_as_alone(tmp_path):
 
 def test_a_closed_child_counts_as_frozen_and_thaws_harmlessly():
     """Nothing of an ended child runs, so a timing run need not wait for it."""
-    child = Child.spawn("reference", env={}, gpu=False, label="test-freeze")
+    child = Child.spawn("judge", env={}, gpu=False, label="test-freeze")
     child.close()
     try:
         assert child.freeze() is True
@@ -286,15 +287,15 @@ def test_spares_make_no_progress_while_a_timing_run_lasts():
     is stopped (cgroup freezer or SIGSTOP) until the run is over, so the run has the processor."""
     spares = Spares(depth=1)
     try:
-        spares.prepare("reference", env={}, gpu=False)
-        (waiting,) = spares._waiting[Spares._key("reference", {}, False)]
+        spares.prepare("judge", env={}, gpu=False)
+        (waiting,) = spares._waiting[Spares._key("judge", {}, False)]
         child = waiting.result(timeout=60)
         if child._namespace is None:
             pytest.skip("no bubblewrap here: a child has no pid namespace to stop")
         busy = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end:\n    pass\n"
         answered = threading.Event()
-        worker = threading.Thread(target=lambda: (child.call("setup", 120, device="cpu", out_dir=child.path("/job/ref"),
-                                                             task_code=busy), answered.set()))
+        worker = threading.Thread(target=lambda: (child.call(Setup(device="cpu", out_dir=child.path("/job/ref"), task_code=busy),
+                                                             None, 120), answered.set()))
         worker.start()
         time.sleep(0.5)
         assert _cpu_ticks(child) > 0, "the spare was not busy"
@@ -309,7 +310,7 @@ def test_spares_make_no_progress_while_a_timing_run_lasts():
 
 
 def test_without_a_freezable_cgroup_a_child_is_stopped_by_signal():
-    child = Child.spawn("reference", env={}, gpu=False, label="test-freeze")
+    child = Child.spawn("judge", env={}, gpu=False, label="test-freeze")
     cgroup, child._cgroup = child._cgroup, None  # as on a host that gives us no cgroup (the H100 machine here)
     try:
         if child._namespace is None:
@@ -319,8 +320,8 @@ def test_without_a_freezable_cgroup_a_child_is_stopped_by_signal():
         states = {Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] for pid in _pids(child)}
         assert states == {"T"}, states
         child.thaw()
-        child.call("setup", 120, device="cpu", out_dir=child.path("/job/ref"),
-                   task_code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10"))
+        child.call(Setup(device="cpu", out_dir=child.path("/job/ref"),
+                         task_code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10")), None, 120)
         assert _cpu_ticks(child) >= before
     finally:
         child._cgroup = cgroup

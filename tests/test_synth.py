@@ -333,7 +333,7 @@ def test_the_filter_rejects_a_task_whose_forward_raises_with_the_error(screened)
 def test_a_task_that_kills_its_process_is_rejected_once_a_trivial_task_shows_the_machine_is_fine(screened):
     result = screened["kills_its_process"]
     assert not result.kept and result.crashed
-    assert result.reasons == ["running Model.forward failed: the reference process died during ref_screen (exit code 3)"]
+    assert result.reasons == ["running Model.forward failed: the judge process died during RefScreen (exit code 3)"]
 
 
 def test_the_time_bounds_are_the_papers_on_a_gpu_and_scaled_on_the_cpu():

@@ -5,26 +5,19 @@ element within atol + rtol * |ref|; a NaN or Inf in the candidate must be matche
 same value at the same place in the reference, and a NaN never passes where the reference
 is finite.
 
-The reference process runs it (``runner.py`` imports it as a sibling module, so it needs
-nothing but torch), on the device that holds the reference's outputs; the harness turns its
-``TrialReport`` into the result's ``records.TrialReport`` (the same fields).
+The judge runs it (``judge.py`` imports it as a sibling module), on the device that holds the
+reference's outputs; its report is ``protocol.TrialVerdict``, which the harness turns into the
+result's ``records.TrialReport`` (the same fields).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-
-@dataclasses.dataclass
-class TrialReport:
-    trial: int
-    correct: bool
-    message: str = ""
-    max_abs_error: float | None = None
-    max_rel_error: float | None = None
-    first_bad_index: list[int] | None = None
+if __package__:
+    from .protocol import TrialVerdict as TrialReport
+else:  # an evaluation child: the siblings are top-level modules there
+    from protocol import TrialVerdict as TrialReport
 
 
 def flatten_outputs(value) -> list:

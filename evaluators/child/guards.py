@@ -8,11 +8,12 @@
 - ``Integrity``: identities of the functions and classes the harness relies on, taken before
   the candidate is imported and compared afterwards, so monkey-patching a timer, a
   comparison or a random-number generator is reported.
-- ``DeviceRecord``: what the device itself ran during an audited call, on every stream (CUPTI,
-  through torch's Kineto), so work a call runs outside its marks is seen exactly.
+- ``modes_on_stack``: torch function and dispatch modes left on the stack after a call (a mode
+  could compute an output lazily, when the harness reads it).
 
-None of this is the last line: the parent process never trusts what the child reports
-about correctness (it compares outputs itself) and checks timing against its own clock.
+None of this is the anchor of trust: it runs in the worker's process, beside the candidate, so
+each check can be subverted. The judge reads the outputs and owns the clock (``judge.py``); what
+these checks report can only add violations.
 """
 
 from __future__ import annotations
@@ -129,129 +130,6 @@ def _handed_to_host(name: str, args, out) -> int:
     return 0
 
 
-#: How far past its end mark an audited call's work may seem to run and still be honest. Both
-#: ends are the record's own (the work's end, the end-mark kernel's start): work ordered before
-#: the end mark ends before that kernel starts, so an honest call reads at most zero; the
-#: allowance is for the record's resolution.
-LATE_WORK_TOLERANCE_US = 2.0
-#: How long before the start mark an audited call's work may seem to begin. Both ends are the
-#: record's own (the cover's end, the work's start), and work ordered after the start mark cannot
-#: begin before the cover has ended; but the cover's blocks free their SMs a few microseconds
-#: before the kernel counts as ended and the start mark is reached, and a kernel on a stream that
-#: does not wait for the current one takes them at once (on an H100, most of a 6 us kernel ran so).
-EARLY_WORK_TOLERANCE_US = 0.5
-
-
-class DeviceRecord:
-    """The device's own record of one audited call: every kernel, copy and fill it ran, on any
-    stream, with the device's start and end times (CUPTI activity records, read through torch's
-    Kineto profiler; its entry points are bound before any candidate code is imported).
-
-    The timing's marks are events on the default stream: work on a stream ordered with neither
-    (one that does not wait for the current stream before its work, or is not joined back to it
-    before forward returns) can run before the start mark, beside the tail of the launch cover,
-    or after the end mark, where the timing sees it only through the host's clock and not below
-    a few microseconds. The record sees it exactly. It places the call's marks on its own clock
-    by two kernels of the harness on the default stream: the launch cover, which ends as the
-    start mark is reached, and the end-mark kernel, launched right after the end mark, which
-    starts once it is reached. Both ends are read on the record's clock, so they hold when the
-    device is shared with other processes (whose work can run between the cover and the start
-    mark, or between the end mark and the kernel after it). ``outside`` then says how long the
-    device ran anything of the call before the one and after the other.
-
-    On devices without it (the CPU, a torch without Kineto's CUDA support) ``available`` is False
-    and the record reads nothing."""
-
-    def __init__(self, device: torch.device, start_kernel: str, end_kernel: str):
-        self.anchors = (start_kernel, end_kernel)
-        self.available = device.type == "cuda" and _kineto_cuda()
-        self.records: list[tuple[str, int, int, int]] = []
-
-    def probe(self) -> str | None:
-        """Take one empty record (before any candidate code runs): None when it works, else why not,
-        after which ``available`` is False."""
-        if not self.available:
-            return "no CUDA device record (Kineto/CUPTI) in this torch"
-        try:
-            with self:
-                pass
-        except RuntimeError as exc:
-            self.available = False
-            return f"the device record cannot be taken: {exc}"
-        return None
-
-    def __enter__(self) -> DeviceRecord:
-        self.records = []
-        if self.available:
-            config = _ProfilerConfig(_ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
-            _prepare_profiler(config, {_ProfilerActivity.CUDA})
-            _enable_profiler(config, {_ProfilerActivity.CUDA})
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.available:
-            events = _disable_profiler().events()
-            self.records = [(e.name(), e.start_ns(), e.end_ns(), e.correlation_id()) for e in events if e.device_type() != _CPU]
-
-    def outside(self) -> dict:
-        """What the record says of the audited call: ``early_work_us`` / ``late_work_us``, how long
-        the device ran work of the call before its start mark / after its end mark (None where
-        there is no record, or nothing ran); ``anchor_kernels``, how many kernels bore the names of
-        the harness's two (two, unless the code under test named one of its own so)."""
-        if not self.available:
-            return {"early_work_us": None, "late_work_us": None, "anchor_kernels": None}
-        early_ns, late_ns, named = outside_the_call_ns(self.records, *self.anchors)
-        return {"early_work_us": None if early_ns is None else early_ns / 1e3,
-                "late_work_us": None if late_ns is None else late_ns / 1e3, "anchor_kernels": named}
-
-
-def outside_the_call_ns(records: list[tuple[str, int, int, int]], start_kernel: str, end_kernel: str) -> tuple[float | None, float | None, int]:
-    """(How long before the start mark the call's first record began, and how long after the end
-    mark its last one ended, in ns, or None; how many records bear either kernel's name.)
-
-    ``records`` are (name, start_ns, end_ns, correlation id) on the device's clock. The one record
-    named ``start_kernel`` is the launch cover: the start mark is its end. The one named
-    ``end_kernel`` ran right after the end mark: the end mark is its start. The call's records
-    are the others launched after the cover: their correlation ids (the launches' order in the
-    process) are above the cover's, so work the call put on a stream that ran before the cover
-    even started (a device busy with another process's work, then running whatever is ready)
-    is the call's too; what the harness ran before the cover (the cache flush) is not. Where the
-    record has no correlation ids, those that end after the cover starts. With either kernel
-    missing, or more than one of a name, the marks cannot be placed."""
-    starts = [r for r in records if r[0] == start_kernel]
-    ends = [r for r in records if r[0] == end_kernel]
-    named = len(starts) + len(ends)
-    if len(starts) != 1 or len(ends) != 1:
-        return None, None, named
-    (_, cover_start, cover_end, cover_id), (_, end_mark, _, _) = starts[0], ends[0]
-    call = [(start, end) for name, start, end, launch in records if name not in (start_kernel, end_kernel)
-            and (launch > cover_id if cover_id else end > cover_start)]
-    if not call:
-        return None, None, named
-    return cover_end - min(start for start, _ in call), max(end for _, end in call) - end_mark, named
-
-
-def _kineto_cuda() -> bool:
-    try:
-        return _ProfilerActivity.CUDA in torch.autograd._supported_activities()
-    except (AttributeError, RuntimeError):
-        return False
-
-
-# Kineto's entry points, bound before any candidate code is imported.
-try:
-    from torch._C._autograd import DeviceType as _DeviceType
-    from torch._C._autograd import _disable_profiler, _enable_profiler, _prepare_profiler
-    from torch._C._profiler import ProfilerActivity as _ProfilerActivity
-    from torch._C._profiler import _ExperimentalConfig
-    from torch.autograd.profiler import ProfilerConfig as _ProfilerConfig
-    from torch.autograd.profiler import ProfilerState as _ProfilerState
-
-    _CPU = _DeviceType.CPU
-except ImportError:  # a torch without the profiler: no device record
-    _kineto_cuda = lambda: False  # noqa: E731
-
-
 class KernelLaunchCounter:
     """Counts Triton launches by wrapping the launch entry points (installed before candidate import)."""
 
@@ -300,7 +178,7 @@ def _watched() -> dict[str, object]:
         "torch.backends.cudnn": torch.backends.cudnn, "torch.backends.cuda.matmul": torch.backends.cuda.matmul,
         "TorchDispatchMode": TorchDispatchMode,
     }
-    for name in ("timing", "guards", "runner", "compare", "screen", "zygote", "__main__"):  # __main__: zygote, in a forked child
+    for name in ("guards", "runner", "worker", "protocol", "exchange", "outputs", "compare", "screen", "zygote", "__main__"):  # __main__: zygote, in a forked child
         module = sys.modules.get(name)
         if isinstance(module, types.ModuleType):
             watched[name] = module
@@ -341,14 +219,17 @@ _current_frames = sys._current_frames  # bound before any candidate code is impo
 
 
 class Integrity:
-    """Snapshot of what the harness relies on; ``changes()`` lists what was replaced since."""
+    """Snapshot of what the harness relies on; ``changes()`` lists what was replaced since.
+
+    ``instances``: objects of the harness's own (the worker and what it holds). Every attribute
+    of theirs is watched: one replaced, added or removed is a change, unless the harness itself
+    made it (``accept``)."""
 
     def __init__(self, instances: dict[str, object] | None = None):
         preload()
         self._objects = _watched()
-        # Objects of the harness's own (the runner): an attribute set on one shadows its class's method.
         self._instances = dict(instances or {})
-        self._instance_keys = {name: set(vars(obj)) for name, obj in self._instances.items()}
+        self._instance_ids = {name: _identities(obj) for name, obj in self._instances.items()}
         self._snapshot = {name: _identities(obj) for name, obj in self._objects.items()}
         self._flags = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
                        torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
@@ -367,13 +248,20 @@ class Integrity:
                                    and any(k in vars(base) for base in obj.__mro__[1:]))
             found += [f"{name}.{key} was replaced" for key in replaced[:5]]
         for name, obj in self._instances.items():
-            shadowing = sorted(k for k in vars(obj) if k not in self._instance_keys[name] and hasattr(type(obj), k))
-            found += [f"{name}.{key} was replaced" for key in shadowing[:5]]
+            now, before = _identities(obj), self._instance_ids[name]
+            changed = sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k))
+            found += [f"{name}.{key} was {'replaced' if key in now and key in before else 'added' if key in now else 'removed'}"
+                      for key in changed[:5]]
         flags = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
                  torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
         if flags != self._flags:
             found.append("global torch settings (tf32, default dtype, determinism) were changed")
         return found
+
+    def accept(self, name: str, *keys: str) -> None:
+        """The harness set ``name``'s attributes ``keys`` itself (the worker built its model): the snapshot follows."""
+        now = _identities(self._instances[name])
+        self._instance_ids[name].update({key: now[key] for key in keys if key in now})
 
     def new_threads(self) -> list[str]:
         """Threads started since the snapshot, by the interpreter's own list of thread states: a
@@ -381,6 +269,22 @@ class Integrity:
         not in ``threading.enumerate()``."""
         names = {t.ident: t.name for t in threading.enumerate()}
         return [names.get(ident, f"a low-level thread ({ident})") for ident in _current_frames() if ident not in self._threads]
+
+
+try:  # bound before any candidate code is imported
+    from torch.overrides import _get_current_function_mode_stack as _function_modes
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _dispatch_modes
+except ImportError:  # an older torch: the lengths are all it says
+    _function_modes = lambda: [None] * torch._C._len_torch_function_stack()  # noqa: E731
+    _dispatch_modes = lambda: [None] * torch._C._len_torch_dispatch_stack()  # noqa: E731
+
+
+def modes_on_stack() -> list[str]:
+    """The torch function and dispatch modes on the stack, by class name: after a call, any is the
+    candidate's (a mode left on the stack answers the harness's own torch calls, and could compute
+    an output lazily when it is read)."""
+    return [f"{type(m).__name__} (function mode)" for m in _function_modes()] + \
+           [f"{type(m).__name__} (dispatch mode)" for m in _dispatch_modes()]
 
 
 # Bound before any candidate code is imported: replacing them later changes nothing here.

@@ -45,12 +45,10 @@ import fcntl
 import json
 import os
 import resource
-import shutil
 import signal
 import socket
 import struct
 import sys
-import time
 import traceback
 import warnings
 
@@ -58,7 +56,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import guards  # noqa: E402
 import runner  # noqa: E402 - torch, Triton and the harness's modules, imported once for every child
-import timing  # noqa: E402
 
 # The process has numpy's BLAS threads, which OpenBLAS stops around a fork itself.
 warnings.filterwarnings("ignore", message=r".*multi-threaded.*fork", category=DeprecationWarning)
@@ -72,10 +69,9 @@ _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 1, 
 _NAMESPACES = (os.CLONE_NEWUSER | os.CLONE_NEWNS | os.CLONE_NEWPID | os.CLONE_NEWNET | os.CLONE_NEWIPC
                | os.CLONE_NEWUTS | os.CLONE_NEWCGROUP)
 #: The child's descriptors, in the order a request carries them, and the numbers they get in the child.
-CHILD_FDS = ("stdin", "log", "reply", "marks", "control")
-_REPLY_FD, _MARK_FD = 3, 4
+CHILD_FDS = ("stdin", "log", "reply", "parent", "control")
+_REPLY_FD, _PARENT_FD = 3, 4
 _COVERED_PROC = ("sys", "sysrq-trigger", "irq", "bus")
-_PRIME_TIMEOUT_S = 300
 
 
 def _check(result: int, what: str) -> None:
@@ -144,9 +140,9 @@ def _interpreter_under_tmp() -> list[str]:
 _INTERPRETER_UNDER_TMP = _interpreter_under_tmp()
 
 
-def _enter_namespaces(req: dict, warm: dict[str, bytes]) -> None:
+def _enter_namespaces(req: dict) -> None:
     """The warden's part: namespaces of the child's own, its job directories at /job/..., and
-    private /tmp and /dev/shm (the Triton cache of the harness's kernels copied into /tmp)."""
+    private /tmp and /dev/shm."""
     uid, gid = os.getuid(), os.getgid()
     os.unshare(_NAMESPACES)
     with open("/proc/self/setgroups", "w") as f:
@@ -171,7 +167,6 @@ def _enter_namespaces(req: dict, warm: dict[str, bytes]) -> None:
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
     os.makedirs("/tmp/home", mode=0o755)
-    _write_tree("/tmp/home/.triton/cache", warm)
     _loopback_up()
 
 
@@ -185,13 +180,38 @@ def _enter_child_proc() -> None:
 
 
 def _child_descriptors(fds: dict[str, int]) -> None:
-    """stdin 0, stdout and stderr the log, the reply pipe 3, the marks socket 4; nothing else open."""
+    """stdin 0, stdout and stderr the log, the reply pipe 3, the parent socket 4; nothing else open."""
     high = {name: fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for name, fd in fds.items()}
     for fd in fds.values():
         os.close(fd)
-    for name, target in (("stdin", 0), ("log", 1), ("log", 2), ("reply", _REPLY_FD), ("marks", _MARK_FD)):
+    for name, target in (("stdin", 0), ("log", 1), ("log", 2), ("reply", _REPLY_FD), ("parent", _PARENT_FD)):
         os.dup2(high[name], target)
-    os.closerange(_MARK_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    os.closerange(_PARENT_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+#: A worker's namespace init ends with this plus the signal that ended its runner (the warden reads it back).
+_SIGNAL_EXIT = 128
+
+
+def _stay_as_init() -> None:
+    """(A worker, pid 1 of its namespace.) Fork the runner, which returns from here as pid 2, and stay
+    as the namespace's init: reap every process there until the runner ends, and end as it did.
+
+    Why: CUDA's IPC memory handles carry the exporting process's pid as that process sees it, and a
+    process refuses a handle that names its own pid (CUDA_ERROR_INVALID_CONTEXT): the judge is pid 1
+    of its namespace, so the worker that shares memory with it must not be."""
+    runner_pid = os.fork()
+    if runner_pid == 0:
+        return
+    os.closerange(0, resource.getrlimit(resource.RLIMIT_NOFILE)[0])  # the runner's descriptors are the runner's
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(1)
+        if pid == runner_pid:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(code if code >= 0 else _SIGNAL_EXIT - code)
 
 
 def _run_child(req: dict, fds: dict[str, int], isolated: bool) -> None:
@@ -203,17 +223,19 @@ def _run_child(req: dict, fds: dict[str, int], isolated: bool) -> None:
         _child_descriptors(fds)  # first: from here on, what goes wrong is in the child's log
         if isolated:
             _enter_child_proc()
+            if req["role"] == "worker":
+                _stay_as_init()  # the runner goes on as pid 2
         for name, value in req["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (value, value))
         if isolated:
             _drop_privileges()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.environ.clear()
-        os.environ.update(req["env"], KE_REPLY_FD=str(_REPLY_FD), KE_MARK_FD=str(_MARK_FD))
+        os.environ.update(req["env"], KE_REPLY_FD=str(_REPLY_FD), KE_PARENT_FD=str(_PARENT_FD))
         os.chdir(req["cwd"])
         sys.stdin = open(0, encoding="utf-8", closefd=False)
-        if req.get("preload"):  # a spare: its CUDA context and the harness's kernels, before any job
-            timing.preload()
+        if req.get("preload"):  # a spare: its CUDA context, before any job
+            runner.preload()
         runner.main(req["role"])
         code = 0
     except BaseException:  # noqa: BLE001 - reported in the child's log, which the harness shows
@@ -227,7 +249,7 @@ def _run_child(req: dict, fds: dict[str, int], isolated: bool) -> None:
         os._exit(code)
 
 
-def _warden(server: socket.socket, req: dict, fds: dict[str, int], warm: dict[str, bytes], isolated: bool) -> None:
+def _warden(server: socket.socket, req: dict, fds: dict[str, int], isolated: bool) -> None:
     """Serve one request (see the module's docstring); never returns."""
     server.close()  # the zygote's socket never reaches a child: with it one could ask for another job's files
     control = socket.socket(fileno=fds.pop("control"))
@@ -238,7 +260,7 @@ def _warden(server: socket.socket, req: dict, fds: dict[str, int], warm: dict[st
         if control.recv(16) != b"go":  # the host has put this process in the child's cgroup, or has given up
             os._exit(1)
         if isolated:
-            _enter_namespaces(req, warm)
+            _enter_namespaces(req)
         pid = os.fork()
         if pid == 0:
             control.close()
@@ -247,7 +269,10 @@ def _warden(server: socket.socket, req: dict, fds: dict[str, int], warm: dict[st
             os.close(fd)
         socket.send_fds(control, [b"child"], [os.pidfd_open(pid)])
         _, status = os.waitpid(pid, 0)
-        control.send(f"exit {os.waitstatus_to_exitcode(status)}".encode())
+        code = os.waitstatus_to_exitcode(status)
+        if isolated and req["role"] == "worker" and code > _SIGNAL_EXIT:  # its runner's signal, through its init
+            code = _SIGNAL_EXIT - code
+        control.send(f"exit {code}".encode())
     except BaseException as exc:  # noqa: BLE001 - the host turns it into a ChildError
         try:
             control.send(f"error {type(exc).__name__}: {exc}".encode()[:4000])
@@ -304,62 +329,16 @@ def _ready_triton_driver() -> None:
         pass
 
 
-def _prime(device: str) -> dict[str, bytes]:
-    """The harness's Triton kernels compiled and their launchers built, by a child with a CUDA
-    context (``timing.preload``), into a cache this process keeps in memory and every child gets a
-    copy of: a child then loads them rather than compiling (1.5-2 s of a core on an H100 machine)."""
-    cache = f"/tmp/warm-{os.getpid()}"
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.environ.update(CUDA_VISIBLE_DEVICES=device, TRITON_CACHE_DIR=cache)
-            timing.preload()
-            code = 0
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + _PRIME_TIMEOUT_S
-    while os.waitpid(pid, os.WNOHANG) == (0, 0):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            break
-        time.sleep(0.05)
-    warm = _read_tree(cache)
-    shutil.rmtree(cache, ignore_errors=True)
-    return warm
-
-
-def _read_tree(root: str) -> dict[str, bytes]:
-    files = {}
-    for folder, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as handle:
-                files[os.path.relpath(path, root)] = handle.read()
-    return files
-
-
-def _write_tree(root: str, files: dict[str, bytes]) -> None:
-    for relative, data in files.items():
-        path = os.path.join(root, relative)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as handle:
-            handle.write(data)
-
-
 def serve() -> None:
     server = socket.socket(fileno=int(os.environ.pop("KE_ZYGOTE_FD")))
     isolated = os.environ.pop("KE_ISOLATE", "") == "1"
-    prime_device = os.environ.pop("KE_PRIME_DEVICE", "")
+    gpu = os.environ.pop("KE_GPU", "") == "1"
     try:
         if isolated:
             _check_isolation()
         guards.preload()  # without CUDA_VISIBLE_DEVICES here: torch is never asked about CUDA
-        warm: dict[str, bytes] = {}
-        if prime_device:
+        if gpu:
             _ready_triton_driver()
-            warm = _prime(prime_device)
         if _cuda_initialised():
             raise RuntimeError("CUDA was initialised in the fork server; its children could not use the device")
     except BaseException as exc:  # noqa: BLE001 - the host reports it
@@ -383,7 +362,7 @@ def serve() -> None:
                 os.close(fd)
             continue
         if os.fork() == 0:
-            _warden(server, json.loads(message), dict(zip(CHILD_FDS, fds)), warm, isolated)
+            _warden(server, json.loads(message), dict(zip(CHILD_FDS, fds)), isolated)
         for fd in fds:
             os.close(fd)
 

@@ -51,7 +51,7 @@ from kernel_env.tools import TOOLS, openai_schema
 TOOL_NAMES = ["Bash", "Read", "Write", "Edit", "Glob", "Grep", "Finish"]
 
 #: The shortened protocol of the CPU tests: fewer timed calls and no torch.compile baseline.
-SHORT_PROTOCOL = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, checked_timed_calls=5,
+SHORT_PROTOCOL = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, 
                               compile_baseline=False)
 
 

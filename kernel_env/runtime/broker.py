@@ -30,6 +30,7 @@ from pathlib import Path
 
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
 from kernel_env.evaluators.report import model_report
+from kernel_env.evaluators.verdict import failed
 from kernel_env.runtime.pool import GpuPool
 from kernel_env.workspace import Workspace
 
@@ -177,17 +178,18 @@ class Broker:
 
     def _evaluate(self, workspace: Workspace, mode: Mode, job_id: str, snapshot: Path) -> EvalResult:
         base = dict(job_id=job_id, task_id=workspace.task.id, language=workspace.language.name, device=self.device, mode=mode)
+        margin = self.settings.speedup_margin
         try:
             digest, notes = snapshot_workspace(workspace, snapshot)
         except (SnapshotError, OSError) as exc:
-            return EvalResult(**base, compiled=False, error=f"could not read the workspace: {exc}", reward=-1.0)
+            return failed(**base, margin=margin, compiled=False, error=f"could not read the workspace: {exc}", fault="candidate")
         tampered = workspace.tampered_files()
         if tampered:
-            return EvalResult(**base, error="protected files were modified", reward=-1.0, snapshot_hash=digest,
-                              violations=[f"protected file changed: {name}" for name in tampered[:10]])
+            return failed(**base, margin=margin, error="protected files were modified", fault="candidate",
+                          snapshot_hash=digest, violations=[f"protected file changed: {name}" for name in tampered[:10]])
         stale = _stale_build_note(snapshot) if workspace.language.builds_extension else None
         if stale and not list((snapshot / "build").glob("cuda_extension*.so")):
-            return EvalResult(**base, compiled=False, error=stale, reward=-1.0, snapshot_hash=digest)
+            return failed(**base, margin=margin, compiled=False, error=stale, fault="candidate", snapshot_hash=digest)
         job = EvalJob(**base, task_code=workspace.task.code, snapshot_dir=snapshot, snapshot_hash=digest, settings=self.settings)
         result = self.pool.submit(job).result()
         if stale:

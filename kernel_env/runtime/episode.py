@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from kernel_env.evaluators.records import EvalResult, EvalSettings, Mode
+from kernel_env.evaluators.verdict import failed
 from kernel_env.languages import Language, get_language
 from kernel_env.runtime.broker import Broker
 from kernel_env.runtime.pool import GpuPool, default_pool, visible_gpus
@@ -162,9 +163,9 @@ class Episode:
             return build, self.evaluate(mode)
         why = f"took longer than {self.broker.settings.build_timeout_s:.0f}s and was ended" if build.timed_out \
             else f"exit code {build.exit_code}"
-        return build, EvalResult(job_id="build", task_id=self.task.id, language=self.language.name, device=self.device,
-                                 mode=mode, compiled=False, reward=-1.0, fault="candidate",
-                                 error=f"`{COMPILE_COMMAND}` failed ({why}):\n{build.output[-4000:]}")
+        return build, failed(job_id="build", task_id=self.task.id, language=self.language.name, device=self.device, mode=mode,
+                             compiled=False, fault="candidate", margin=self.broker.settings.speedup_margin,
+                             error=f"`{COMPILE_COMMAND}` failed ({why}):\n{build.output[-4000:]}")
 
     def final_evaluation(self, selection: Selection = "best") -> EvalResult:
         """The episode's trusted result: everything the agent started is killed (the sandbox is

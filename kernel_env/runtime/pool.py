@@ -36,6 +36,7 @@ from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.harness import evaluate, reserve_spares
 from kernel_env.evaluators.records import EvalJob, EvalResult
 from kernel_env.evaluators.sharing import DeviceLease
+from kernel_env.evaluators.verdict import failed
 
 log = logging.getLogger(__name__)
 
@@ -572,8 +573,8 @@ def _short_of_device_memory(result: EvalResult) -> bool:
 
 def _error(job: EvalJob, message: str) -> EvalResult:
     """The answer to a job the evaluator could not evaluate (its fault: no reward)."""
-    return EvalResult(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device,
-                      mode=job.mode, correct=False, error=message, fault="evaluator", snapshot_hash=job.snapshot_hash)
+    return failed(job_id=job.job_id, task_id=job.task_id, language=job.language, device=job.device, mode=job.mode,
+                  error=message, fault="evaluator", snapshot_hash=job.snapshot_hash, margin=job.settings.speedup_margin)
 
 
 def make_pool(kind: str = "local", **options) -> GpuPool:

@@ -213,18 +213,19 @@ def gather_facts() -> Facts:
 
 def evaluation_children() -> EvaluationChildren:
     """Whether an evaluation child can be forked and answer here (its fork server started, isolated or not)."""
-    from kernel_env.evaluators.children import Child, ChildError
+    from kernel_env.evaluators.child.protocol import Setup
+    from kernel_env.evaluators.children import Child, ChildError, CommandFailed
 
     try:
-        child = Child.spawn("reference", env={"CUDA_VISIBLE_DEVICES": ""}, gpu=False, label="doctor")
+        child = Child.spawn("judge", env={"CUDA_VISIBLE_DEVICES": ""}, gpu=False, label="doctor")
         try:
-            answer, _ = child.call("setup", 120, device="cpu", out_dir=child.path("/job/ref"), task_code="")
+            child.call(Setup(device="cpu", out_dir=child.path("/job/ref"), task_code=""), None, 120)
+        except CommandFailed as exc:
+            return EvaluationChildren(works=False, isolated=child.isolated, problem=str(exc))
         finally:
             child.discard()
     except (ChildError, OSError) as exc:
         return EvaluationChildren(works=False, isolated=None, problem=str(exc).splitlines()[0])
-    if not answer.get("ok"):
-        return EvaluationChildren(works=False, isolated=child.isolated, problem=str(answer.get("error")))
     return EvaluationChildren(works=True, isolated=child.isolated, problem=None)
 
 

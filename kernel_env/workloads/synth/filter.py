@@ -38,7 +38,6 @@ import contextlib
 import dataclasses
 import os
 import queue
-import secrets
 import shutil
 import statistics
 import tempfile
@@ -50,7 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_env.evaluators.children import Child, ChildError
+from kernel_env.evaluators.child.protocol import RefInit, RefScreen, RefTime, RefTimeAnswer, Setup, SetupAnswer
+from kernel_env.evaluators.children import Child, ChildError, CommandFailed
 from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.sandbox.bwrap import bubblewrap_problem
 
@@ -172,12 +172,12 @@ def screen(code: str, task_id: str, settings: FilterSettings, *, device: str = "
         env |= {"TORCHINDUCTOR_CACHE_DIR": f"{inside}/inductor", "TRITON_CACHE_DIR": f"{inside}/triton"}
     child = None
     try:
-        child = Child.spawn("reference", env=env, gpu=gpu, label="synth-screen", shared=shared)
+        child = Child.spawn("judge", env=env, gpu=gpu, label="synth-screen", shared=shared)
         if on_child is not None:
             on_child(child)
         if canary:
-            _ask(child, "setup", "starting it", settings.step_timeout_s, result, device="cuda:0" if gpu else "cpu",
-                 out_dir=child.path("/job/ref"), task_code=code, log_tail=True)
+            _ask(child, Setup(device="cuda:0" if gpu else "cpu", out_dir=child.path("/job/ref"), task_code=code), None,
+                 "starting it", settings.step_timeout_s, result, log_tail=True)
         else:
             _judge(child, code, settings, gate, result, "cuda:0" if gpu else "cpu")
         result.kept = not result.reasons
@@ -190,31 +190,30 @@ def screen(code: str, task_id: str, settings: FilterSettings, *, device: str = "
     return result
 
 
-def _ask(child: Child, cmd: str, doing: str, timeout: float, result: Screening, *, log_tail: bool = False,
-         **payload) -> dict:
+def _ask(child: Child, command, answer, doing: str, timeout: float, result: Screening, *, log_tail: bool = False):
     try:
-        answer, _ = child.call(cmd, timeout, **payload)
+        return child.call(command, answer, timeout)
     except ChildError as exc:
         detail = " ".join(str(exc).split()) if log_tail else _first_line(str(exc))
         result.reasons.append(f"{doing} failed: {detail}")
         result.crashed = True
         raise _Rejected from None
-    if not answer.get("ok"):
-        error = _first_line(answer.get("error")).removeprefix(f"{cmd} raised ")  # the runner's command is no news
+    except CommandFailed as exc:
+        # the runner's command is no news
+        error = _first_line(str(exc)).removeprefix(f"{type(command).__name__} raised ")
         result.reasons.append(f"{doing} failed: {error}")
         result.out_of_memory = "out of memory" in error.lower()
-        raise _Rejected
-    return answer
+        raise _Rejected from None
 
 
 def _judge(child: Child, code: str, s: FilterSettings, gate: DeviceLease, result: Screening, child_device: str) -> None:
     timeout = s.step_timeout_s
     with gate.untimed():
-        setup = _ask(child, "setup", "importing the task", timeout, result, device=child_device,
-                     out_dir=child.path("/job/ref"), task_code=code)
-        result.device_name = setup["device_name"]
-        _ask(child, "ref_init", "building Model(*get_init_inputs())", timeout, result, init_seed=_INIT_SEED)
-        facts = _ask(child, "ref_screen", "running Model.forward", timeout, result, seeds=list(_INPUT_SEEDS))
+        setup = _ask(child, Setup(device=child_device, out_dir=child.path("/job/ref"), task_code=code), SetupAnswer,
+                     "importing the task", timeout, result)
+        result.device_name = setup.device_name
+        _ask(child, RefInit(init_seed=_INIT_SEED), None, "building Model(*get_init_inputs())", timeout, result)
+        facts = _ask(child, RefScreen(seeds=list(_INPUT_SEEDS)), None, "running Model.forward", timeout, result)
     if facts["non_tensor_outputs"]:
         result.reasons.append(f"Model.forward returns {', '.join(facts['non_tensor_outputs'])}, not tensors")
         raise _Rejected
@@ -234,10 +233,8 @@ def _judge(child: Child, code: str, s: FilterSettings, gate: DeviceLease, result
     low, high = s.bounds()
     flush = s.flush_bytes if child_device.startswith("cuda") else min(s.flush_bytes, 32 << 20)
     with gate.timing():
-        times = _ask(child, "ref_time", "timing the eager Model", s.compile_timeout_s, result, target="eager",
-                     seeds=[secrets.randbits(31) for _ in range(s.timed_calls)],
-                     warmup_seeds=[secrets.randbits(31) for _ in range(s.warmup_calls)],
-                     flush_bytes=flush, fp_seed=0)["times_ms"]
+        times = _ask(child, RefTime(calls=s.timed_calls, warmup=s.warmup_calls, flush_bytes=flush), RefTimeAnswer,
+                     "timing the eager Model", s.compile_timeout_s, result).times_ms
     result.eager_ms = round(statistics.median(times), 6)
     if not low <= result.eager_ms <= high:
         where = "too fast" if result.eager_ms < low else "too slow"
@@ -246,8 +243,8 @@ def _judge(child: Child, code: str, s: FilterSettings, gate: DeviceLease, result
     # Outside the gate: compiling is CPU work that lasts seconds to minutes, and a timer waiting
     # for it would hold every other screening back (a convoy). Its two short runs on the device
     # may overlap another task's timing, which its median of ten calls absorbs.
-    compiled = _ask(child, "ref_screen", "running torch.compile(Model)", s.compile_timeout_s, result,
-                    seeds=list(_INPUT_SEEDS), compile=True)
+    compiled = _ask(child, RefScreen(seeds=list(_INPUT_SEEDS), compile=True), None, "running torch.compile(Model)",
+                    s.compile_timeout_s, result)
     allowed = s.atol + s.rtol * compiled["scale"]
     if compiled["compile_max_diff"] > allowed:
         result.reasons.append(f"torch.compile(Model) disagrees with eager: max difference "

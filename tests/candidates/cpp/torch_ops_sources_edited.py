@@ -5,6 +5,7 @@ the innocent text; the run-time audit must still catch the torch compute the bin
 Must break the rules."""
 
 # kernels: relu_add.cpp check.h fixtures_binding.cpp misc_fixture.h
+# module: misc_fixture.h torch_ops_fixture.h
 
 import torch.nn as nn
 

@@ -1,6 +1,6 @@
 """Writes an answer of its own to the harness's reply pipe, through the descriptor open in its
 process (its source breaks the source rules; the test switches those off to reach the protocol):
-in its first call, a cand_trials answer saying every trial ran clean. Must be rejected: the runner
+in its first call, an answer saying every call ran clean. Must be rejected: the runner
 signs its answers with a key the candidate never sees."""
 
 import json

@@ -1,4 +1,4 @@
-"""Rewrite the runner (its module, found in the module table): the audited call reports no torch ops
+"""Rewrite the worker (its module, found in the module table): the audited call reports no torch ops
 and one Triton launch, the integrity check reports nothing. Pure torch inside. Must break the rules."""
 
 import sys
@@ -6,9 +6,10 @@ import sys
 import torch
 import torch.nn as nn
 
-_Runner = sys.modules["runner"].Runner
-_Runner._audited_call = lambda self, inputs, bench: (self.model(*inputs), {"torch_ops": {}, "triton_launches": 1})
-_Runner.cmd_cand_integrity = lambda self, req: {"changes": [], "new_threads": []}
+_worker = sys.modules["worker"]
+_Worker = _worker.Worker
+_Worker._audited = lambda self, inputs: (self.model(*inputs), _worker.Findings(triton_launches=1, audited=True))
+_Worker.integrity_report = lambda self: _worker.protocol.IntegrityAnswer()
 
 
 class ModelNew(nn.Module):

@@ -1,25 +1,17 @@
-"""Rewrites the runner (its module, found in the module table), reached through
+"""Rewrites the worker (its module, found in the module table), reached through
 `from sys import modules`: the audited call reports no torch ops and one Triton launch, the
-integrity check reports nothing, and timed calls report a hundredth of their time. Pure torch
-inside, no Triton at all. Must break the rules (and never be timed as faster than it is)."""
+integrity check reports nothing, and every Done claims its call was a calibration call's.
+Pure torch inside, no Triton at all. Must break the rules (and never be timed as faster than it is)."""
+
+from sys import modules as _loaded
 
 import torch
 import torch.nn as nn
-from sys import modules as _loaded
 
-_Runner = _loaded["runner"].Runner
-_Runner._audited_call = lambda self, inputs, bench: (self.model(*inputs), {"torch_ops": {}, "triton_launches": 1})
-_Runner.cmd_cand_integrity = lambda self, req: {"changes": [], "new_threads": []}
-_true_time = _Runner._time
-
-
-def _fast_time(self, *args, **kwargs):
-    answer = _true_time(self, *args, **kwargs)
-    answer["times_ms"] = [t / 100 for t in answer["times_ms"]]
-    return answer
-
-
-_Runner._time = _fast_time
+_worker = _loaded["worker"]
+_Worker = _worker.Worker
+_Worker._audited = lambda self, inputs: (self.model(*inputs), _worker.Findings(triton_launches=1, audited=True))
+_Worker.integrity_report = lambda self: _worker.protocol.IntegrityAnswer()
 
 
 class ModelNew(nn.Module):

@@ -1,0 +1,242 @@
+"""Memory the judge and the worker share, and the GPU's flags between them.
+
+The judge owns every buffer a call's inputs cross in: it allocates it, the worker maps it. On the
+CPU a buffer is a memfd (``HostBuffer``), sent to the worker over their socket; on a GPU it is a
+device allocation of its own (``cuMemAlloc``, so that mapping it exposes nothing else of the
+judge's memory), shared through a CUDA IPC memory handle (``DeviceMemory``). A GPU worker's
+outputs stay where its forward left them: it names their allocation by its IPC handle, and the
+judge maps that allocation and reads them itself. An output that cannot be shared that way (a
+view of an input, memory from another allocator) and every output on the CPU is copied by the
+worker into a spill buffer the judge owns.
+
+The GPU's calls are ordered by three 32-bit words in a page the judge allocates (``Flags``),
+through stream memory operations (``cuStreamWaitValue32`` / ``cuStreamWriteValue32``): the worker's
+stream waits for the call's sequence number before its forward; the judge's stream writes it once
+the inputs have landed, then waits until the worker has copied the call's nonce (written just
+before) into the done word. CUDA's IPC events would have done the same, but they need a /dev/shm
+that the two processes share, and each child has its own.
+
+Both sides import this module (the judge and the worker are siblings in ``child/``); nothing here
+decides anything.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap
+import os
+
+import torch
+
+#: A device allocation is at least this large (cuMemAlloc refuses 0 bytes; an empty tensor still needs an address).
+_MIN_BYTES = 256
+_PAGE = 4096
+
+
+# ============================================================================ the CPU: memfds
+
+
+class HostBuffer:
+    """``nbytes`` of shared memory: a memfd, mapped here. ``fd`` goes to the other process, which
+    maps it with ``HostBuffer.adopt``."""
+
+    def __init__(self, nbytes: int, fd: int | None = None):
+        self.nbytes = nbytes
+        size = max(nbytes, _PAGE)
+        if fd is None:
+            fd = os.memfd_create("kernel_env-call", os.MFD_CLOEXEC)
+            os.ftruncate(fd, size)
+        elif os.fstat(fd).st_size < size:
+            os.close(fd)
+            raise ValueError("a shared buffer smaller than its description")
+        self.fd = fd
+        self.map = mmap.mmap(fd, size)
+        self.raw = torch.frombuffer(self.map, dtype=torch.uint8, count=size)
+
+    @classmethod
+    def adopt(cls, fd: int, nbytes: int) -> HostBuffer:
+        return cls(nbytes, fd)
+
+    def tensor(self, dtype: torch.dtype, shape: list[int], stride: list[int]) -> torch.Tensor:
+        return view(self.raw, dtype, shape, stride)
+
+
+def view(raw: torch.Tensor, dtype: torch.dtype, shape: list[int], stride: list[int], offset: int = 0) -> torch.Tensor:
+    """A tensor of ``dtype``, ``shape`` and ``stride`` (in elements) over the bytes of ``raw`` from
+    ``offset``; ValueError if it would reach past them or cannot be laid out there."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if len(shape) != len(stride) or min([*shape, *stride, offset], default=0) < 0 or offset % itemsize:
+        raise ValueError("a negative or misaligned size, stride or offset")
+    if math.prod(shape) == 0:
+        return torch.empty(shape, dtype=dtype, device=raw.device)
+    extent = (1 + sum((n - 1) * s for n, s in zip(shape, stride))) * itemsize
+    if offset + extent > raw.numel():
+        raise ValueError(f"{extent} bytes at offset {offset} reach past the {raw.numel()} bytes there")
+    return raw[offset:offset + extent].view(dtype).as_strided(shape, stride)
+
+
+def layout_of(t: torch.Tensor) -> tuple[list[int], list[int], int]:
+    """(shape, stride, bytes) of a dense copy of ``t`` that keeps its strides where they describe a
+    layout without gaps or overlaps, else a contiguous one."""
+    shape = list(t.shape)
+    stride = list(t.stride()) if dense(t) else contiguous_strides(shape)
+    return shape, stride, t.numel() * t.element_size()
+
+
+def contiguous_strides(shape: list[int]) -> list[int]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return strides[::-1]
+
+
+def dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill a block of memory exactly: no gap, no element twice (a
+    permutation of a contiguous layout)."""
+    if t.numel() == 0:
+        return True
+    step = 1
+    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n != 1):
+        if stride != step:
+            return False
+        step *= size
+    return True
+
+
+# ============================================================================ the GPU: libcuda
+
+
+class _IpcHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+class _CudaArray:
+    """The ``__cuda_array_interface__`` of raw device bytes, for ``torch.as_tensor``."""
+
+    def __init__(self, pointer: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (pointer, False), "version": 3}
+
+
+_WAIT_GEQ, _WAIT_EQ = 0x0, 0x1
+
+
+class DeviceMemory:
+    """The CUDA driver calls both sides need (the process's primary context must be current)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._cuda = ctypes.CDLL("libcuda.so.1")
+        self._wait = self._symbol("cuStreamWaitValue32_v2", "cuStreamWaitValue32")
+        self._write = self._symbol("cuStreamWriteValue32_v2", "cuStreamWriteValue32")
+        self._opened: dict[str, tuple[int, int]] = {}  # handle -> (pointer, size), opened once each
+
+    def _symbol(self, *names: str):
+        for name in names:
+            if hasattr(self._cuda, name):
+                return getattr(self._cuda, name)
+        raise OSError(f"this CUDA driver has no {names[0]}")
+
+    def _check(self, result: int, what: str) -> None:
+        if result != 0:
+            name = ctypes.c_char_p()
+            self._cuda.cuGetErrorName(result, ctypes.byref(name))
+            raise RuntimeError(f"{what} failed: {(name.value or b'?').decode()} ({result})")
+
+    def alloc(self, nbytes: int) -> int:
+        pointer = ctypes.c_uint64()
+        self._check(self._cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(max(nbytes, _MIN_BYTES))), "cuMemAlloc")
+        self._check(self._cuda.cuMemsetD8_v2(pointer, ctypes.c_ubyte(0), ctypes.c_size_t(max(nbytes, _MIN_BYTES))), "cuMemsetD8")
+        return pointer.value
+
+    def export(self, pointer: int) -> str | None:
+        """The IPC handle of the allocation ``pointer`` starts, hex; None where it cannot be shared
+        (memory opened from another process, or from an allocator without IPC)."""
+        handle = _IpcHandle()
+        if self._cuda.cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(pointer)) != 0:
+            return None
+        return ctypes.string_at(ctypes.addressof(handle), 64).hex()
+
+    def open(self, handle: str) -> tuple[int, int]:
+        """(pointer, size) of another process's allocation named by ``handle`` (opened once)."""
+        if handle not in self._opened:
+            raw = bytes.fromhex(handle)
+            if len(raw) != 64:
+                raise ValueError("an IPC handle of the wrong length")
+            native = _IpcHandle()
+            ctypes.memmove(ctypes.addressof(native), raw, 64)
+            pointer = ctypes.c_uint64()
+            self._check(self._cuda.cuIpcOpenMemHandle_v2(ctypes.byref(pointer), native, ctypes.c_uint(1)), "cuIpcOpenMemHandle")
+            self._opened[handle] = (pointer.value, self.extent(pointer.value)[1])
+        return self._opened[handle]
+
+    def extent(self, pointer: int) -> tuple[int, int]:
+        """(base, size) of the allocation ``pointer`` lies in."""
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        self._check(self._cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(pointer)),
+                    "cuMemGetAddressRange")
+        return base.value, size.value
+
+    def bytes_at(self, pointer: int, nbytes: int) -> torch.Tensor:
+        """The device bytes [pointer, pointer + nbytes) as a uint8 tensor (no copy)."""
+        return torch.as_tensor(_CudaArray(pointer, max(nbytes, 1)), device=self.device)[:nbytes]
+
+    def host_pointer(self, tensor: torch.Tensor) -> int:
+        """The device's address of pinned host memory (``tensor``, pinned)."""
+        pointer = ctypes.c_uint64()
+        self._check(self._cuda.cuMemHostGetDevicePointer_v2(ctypes.byref(pointer), ctypes.c_void_p(tensor.data_ptr()),
+                                                            ctypes.c_uint(0)), "cuMemHostGetDevicePointer")
+        return pointer.value
+
+    def wait_value(self, stream: torch.cuda.Stream, address: int, value: int, *, equal: bool = False) -> None:
+        """``stream`` waits until the word at ``address`` is >= ``value`` (== with ``equal``)."""
+        self._check(self._wait(ctypes.c_void_p(stream.cuda_stream), ctypes.c_uint64(address), ctypes.c_uint32(value),
+                               ctypes.c_uint(_WAIT_EQ if equal else _WAIT_GEQ)), "cuStreamWaitValue32")
+
+    def write_value(self, stream: torch.cuda.Stream, address: int, value: int) -> None:
+        """``stream`` writes ``value`` to the word at ``address`` once its earlier work is done."""
+        self._check(self._write(ctypes.c_void_p(stream.cuda_stream), ctypes.c_uint64(address), ctypes.c_uint32(value),
+                                ctypes.c_uint(0)), "cuStreamWriteValue32")
+
+
+class DeviceBuffer:
+    """A device allocation of the judge's own, shared with the worker (``spec_handle``)."""
+
+    def __init__(self, memory: DeviceMemory, nbytes: int):
+        self.nbytes = nbytes
+        self.pointer = memory.alloc(nbytes)
+        self.handle = memory.export(self.pointer)
+        if self.handle is None:
+            raise RuntimeError("a device allocation of the judge's own could not be shared (CUDA IPC)")
+        self.raw = memory.bytes_at(self.pointer, max(nbytes, _MIN_BYTES))
+
+    def tensor(self, dtype: torch.dtype, shape: list[int], stride: list[int]) -> torch.Tensor:
+        return view(self.raw, dtype, shape, stride)
+
+
+#: Offsets of the three words in the flags page.
+SEQ, NONCE, DONE = 0, 4, 8
+
+
+class Flags:
+    """The GPU's call flags: ``SEQ`` (the call's number, which the worker's stream waits for),
+    ``NONCE`` (a secret number per call, written just before ``SEQ``) and ``DONE`` (where the
+    worker copies the nonce once its work is queued). The judge allocates the page; the worker
+    opens it by ``handle``."""
+
+    def __init__(self, memory: DeviceMemory, handle: str | None = None):
+        self.memory = memory
+        if handle is None:
+            self.base = memory.alloc(_PAGE)
+            self.handle = memory.export(self.base)
+        else:
+            self.base, size = memory.open(handle)
+            if size < 12:
+                raise ValueError("a flags page too small")
+            self.handle = handle
+        self.words = memory.bytes_at(self.base, 12).view(torch.int32)
+
+    def echo(self) -> None:
+        """(The worker.) Copy the nonce into the done word on the current stream: its work is queued before it."""
+        self.words[2:3].copy_(self.words[1:2])

@@ -1,0 +1,488 @@
+"""The judge: the trusted process of a job. It runs the task's reference, makes every call's inputs,
+reads every output itself and owns the clock; the worker only computes.
+
+The judge is the reference's process: it runs the task's code and the harness's, never a
+candidate's. For every call it draws fresh inputs under a secret seed in its own memory, runs the
+reference on them, and only then lets them reach the worker, by copying them into buffers it owns
+and the worker maps (``exchange``). The worker answers where its outputs are; the judge reads them
+into its own memory and compares them in full with the reference's (``compare``). So the worker
+learns nothing of a call's inputs before the call starts, never sees a reference output, and
+cannot change a verdict: what it reports can only name memory for the judge to read.
+
+**The clock** (``_call_cuda``). One stream of the judge's does, in order, once the worker has
+queued its call behind a wait for the call's number:
+
+    [host gate] e0 [inputs into the shared buffers] [L2 flush] [nonce] [number]
+                   ... the worker's stream: [wait for the number] [forward] [copy the nonce to done]
+    [wait until done holds the nonce] [L2 flush] [snapshot of every output into the judge's memory] e1
+
+and the call's time is ``e1 - e0`` less the median of the same round trip with no forward
+(``_calibrate``, run before any candidate code exists in the worker; ``_time`` takes the median of
+empty calls made beside the timed ones instead where it is lower, never where it is higher).
+Whatever the worker does, its work on the call starts after ``e0`` (it has no inputs before) and
+has ended by ``e1`` (the snapshot read every output, and the verdict is on what it read), so the
+time cannot be less than the work, but for the calibrated round trip. Everything the judge does
+between the marks runs on the GPU's compute engine as kernels (``_copy``: its copies too), where
+the worker's kernels cannot run beside it. The host gate (a
+word in pinned memory the stream waits for) lets the whole sequence be queued before any of it
+runs, and the worker queues its forward before the gate opens, so neither process's launch
+latency is in the time (for a forward that waits for its own device work on the host, the judge
+opens the gate after ``_HOST_WAIT_S`` and the rest is timed).
+
+On the CPU the judge's own clock brackets the same steps (``_call_cpu``): the inputs copied in, the
+worker's forward and its copy of the outputs into the judge's buffers, the judge's snapshot.
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+import time
+
+import torch
+
+import compare
+import exchange
+import protocol
+from protocol import (
+    Buffers,
+    BufferSpec,
+    CallRecord,
+    Done,
+    Drive,
+    DriveAnswer,
+    Findings,
+    Flags,
+    Go,
+    ProtocolError,
+    Settled,
+    Stop,
+    TrialVerdict,
+)
+from reference import Reference
+
+#: How long the judge waits for the worker to say its call is queued before it opens the gate anyway:
+#: a forward that reads its own device results on the host cannot queue its whole call ahead.
+_HOST_WAIT_S = 1.0
+#: After one call needed that, the judge waits this long at most.
+_HOST_WAIT_AGAIN_S = 0.01
+#: Calibration calls discarded first (the worker's and the judge's first round trips).
+_CALIBRATION_DISCARD = 2
+#: A time below this is reported as this (a round trip's noise can make an empty call's negative).
+_FLOOR_MS = 1e-3
+
+
+class WorkerFailed(Exception):
+    """The worker broke the protocol, ended, or could not run a call (the message says which)."""
+
+
+class _Layout:
+    """The shared buffers of one input layout: the inputs the worker computes on (None for a
+    non-tensor input) and the spill buffers of the outputs it cannot share."""
+
+    def __init__(self, number: int, inputs: list, spill: list):
+        self.number, self.inputs, self.spill = number, inputs, spill
+
+
+class Judge:
+    """The calls of one job: the judge's side of the protocol with a connected worker."""
+
+    def __init__(self, reference: Reference):
+        self.reference = reference
+        self.device = reference.device
+        self.cuda = self.device.type == "cuda"
+        self.link: protocol.Link | None = None
+        self.memory = exchange.DeviceMemory(self.device) if self.cuda else None
+        self.flags: exchange.Flags | None = None
+        self.layouts: dict[tuple, _Layout] = {}
+        self.calibration_ms: float | None = None
+        self.host_wait_s = _HOST_WAIT_S
+        self._k = 0
+        self._flush: torch.Tensor | None = None
+        self._flush_bytes = 0
+        self._host_buffers: list[exchange.HostBuffer] = []  # kept mapped while the worker uses them
+        if self.cuda:
+            self.stream = torch.cuda.current_stream(self.device)
+            self.gate = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+            self.gate_address = self.memory.host_pointer(self.gate)
+
+    # ------------------------------------------------------------------ the worker
+
+    def connect(self, link: protocol.Link) -> None:
+        """Talk to a newly connected worker: its own flags, and buffers made anew as calls need them."""
+        self.link, self.layouts, self.calibration_ms, self.host_wait_s = link, {}, None, _HOST_WAIT_S
+        if self.cuda:
+            self.flags = exchange.Flags(self.memory)
+            self._send(Flags(handle=self.flags.handle))
+
+    def drive(self, req: Drive) -> DriveAnswer:
+        """Run the calls of one phase with the connected worker; then tell it to stop. A worker
+        that breaks the protocol or raises ends the phase: ``error`` / ``worker_error`` say why."""
+        answer = DriveAnswer()
+        self._flush_bytes = req.flush_bytes
+        self.host_wait_s = _HOST_WAIT_S  # each phase's patience (a first call that compiles spends it)
+        try:
+            if req.phase == "calibrate":
+                answer.calls = self._calibrate(req.calls)
+            elif req.phase == "trials":
+                answer.calls = self._trials(req)
+            elif req.phase == "warmup":
+                answer.calls = [self._timed_call("warmup", req, check=False) for _ in range(req.calls)]
+            else:
+                answer.calls = self._time(req)
+        except WorkerFailed as exc:
+            answer.error = str(exc)
+        except _WorkerRaised as exc:
+            answer.worker_error = str(exc)
+        answer.calibration_ms = self.calibration_ms
+        try:
+            self._send(Stop())
+        except WorkerFailed:
+            pass  # it is gone: the harness learns how from the worker's own answer
+        return answer
+
+    def _calibrate(self, calls: int) -> list[CallRecord]:
+        records = [self._null_call() for _ in range(_CALIBRATION_DISCARD + calls)]
+        self.calibration_ms = statistics.median(r.time_ms for r in records[_CALIBRATION_DISCARD:])
+        return records
+
+    def _null_call(self) -> CallRecord:
+        """An empty call (no model runs; the worker only says it is done) on fresh inputs: the round trip."""
+        staging = self.reference.make_inputs(secrets.randbits(31))
+        record, _ = self._call("calibration", staging, self.reference.run(staging, precise=False), null=True)
+        return record
+
+    def _trials(self, req: Drive) -> list[CallRecord]:
+        records = []
+        for index, trial in enumerate(self.reference.trials):
+            staging = self.reference.make_inputs(trial["seed"], trial["variant"])
+            expected = (trial["sequence"], trial["expected"], trial["precise"])
+            record = self._judged_call("trial", staging, expected, req, audit=True, trial=index)
+            records.append(record)
+            if not record.verdict.correct:
+                break
+        return records
+
+    def _time(self, req: Drive) -> list[CallRecord]:
+        """The timed calls, each after an empty one. A call's time is its round trip less the median
+        empty one: the one calibrated before any candidate code existed in the worker, or the median of
+        those beside the timed calls where it is lower (the device may have settled since). Never the
+        higher: empty calls made now go through a worker that may hold candidate code, which could make
+        them slow to lower its times; making them fast only raises its times."""
+        if self.calibration_ms is None:
+            raise WorkerFailed("the round trip was not calibrated before timing")
+        checked = set(secrets.SystemRandom().sample(range(req.calls), min(req.checked, req.calls)))
+        records, beside = [], []
+        for index in range(req.calls):
+            beside.append(self._null_call())
+            record = self._timed_call("timed", req, check=index in checked, k_index=index)
+            records.append(record)
+            if record.verdict is not None and not record.verdict.correct:
+                break
+            if index in req.audit_at:  # an untimed call under every check, at a position the worker is not told ahead
+                record = self._timed_call("audited", req, check=True, audit=True)
+                records.append(record)
+                if not record.verdict.correct:
+                    break
+        round_trip = min(self.calibration_ms, statistics.median(r.time_ms for r in beside))
+        for record in records:
+            if record.kind == "timed":
+                record.time_ms = max(record.time_ms - round_trip, _FLOOR_MS)
+        self.calibration_ms = round_trip
+        return beside + records
+
+    def _timed_call(self, kind: str, req: Drive | None, *, check: bool, null: bool = False, audit: bool = False,
+                    k_index: int = 0) -> CallRecord:
+        staging = self.reference.make_inputs(secrets.randbits(31))
+        expected = self.reference.run(staging, precise=check)
+        if check:
+            return self._judged_call(kind, staging, expected, req, audit=audit, trial=k_index)
+        record, _ = self._call(kind, staging, expected, null=null, audit=audit)
+        return record
+
+    def _judged_call(self, kind: str, staging: list, expected: tuple, req: Drive, *, audit: bool, trial: int) -> CallRecord:
+        record, got = self._call(kind, staging, expected, audit=audit)
+        record.verdict = _verdict(trial, expected, got, req.atol, req.rtol)
+        return record
+
+    # ------------------------------------------------------------------ one call
+
+    def _call(self, kind: str, staging: list, expected: tuple, *, null: bool = False, audit: bool = False):
+        """One call of the worker's on ``staging`` (copied in, never handed over), judged against
+        ``expected`` (sequence, outputs, float32 outputs). Returns (its record, what the worker
+        returned as the judge read it: (sequence, outputs))."""
+        sequence, outputs, _ = expected
+        layout = self._layout(staging, outputs)
+        values = [None if isinstance(x, torch.Tensor) else _plain(x) for x in staging]
+        self._k += 1
+        k = self._k
+        go = Go(k=k, layout=layout.number, values=values, audit=audit, null=null)
+        if self.cuda:
+            raw_ms, done, got = self._call_cuda(go, staging, layout)
+        else:
+            raw_ms, done, got = self._call_cpu(go, staging, layout)
+        record = CallRecord(k=k, kind=kind, findings=done.findings)
+        if audit and done.findings is None:
+            record.findings = Findings(torch_ops={"(the audit's findings were not reported: it was interfered with)": 1})
+        if kind in ("timed", "calibration"):
+            record.time_ms = raw_ms  # the round trip: ``_time`` takes the calibrated empty one out
+        if kind == "trial":
+            record.mutated_inputs = any(
+                isinstance(a, torch.Tensor) and not _same(a, b) for a, b in zip(layout.inputs, staging))
+        return record, (done.sequence, got)
+
+    def _layout(self, staging: list, outputs: list) -> _Layout:
+        """The shared buffers for calls on inputs and outputs laid out like these, made (and sent
+        to the worker) the first time: on a GPU an allocation each, on the CPU one memfd for all."""
+        key = (tuple(_signature(x) for x in staging), tuple(_signature(t) for t in outputs))
+        if key in self.layouts:
+            return self.layouts[key]
+        tensors = [x for x in staging if isinstance(x, torch.Tensor)] + list(outputs)
+        layouts = [exchange.layout_of(t) for t in tensors]
+        if self.cuda:
+            buffers = [exchange.DeviceBuffer(self.memory, nbytes) for _, _, nbytes in layouts]
+            shared = [b.tensor(t.dtype, shape, stride) for b, t, (shape, stride, _) in zip(buffers, tensors, layouts)]
+            specs = [BufferSpec(_dtype(t), shape, stride, nbytes, handle=b.handle)
+                     for b, t, (shape, stride, nbytes) in zip(buffers, tensors, layouts)]
+            fds = []
+        else:
+            offsets, total = [], 0
+            for _, _, nbytes in layouts:
+                offsets.append(total)
+                total += -(-nbytes // 64) * 64  # each tensor 64-byte aligned
+            host = exchange.HostBuffer(total)
+            self._host_buffers.append(host)
+            shared = [exchange.view(host.raw, t.dtype, shape, stride, offset)
+                      for t, (shape, stride, _), offset in zip(tensors, layouts, offsets)]
+            specs = [BufferSpec(_dtype(t), shape, stride, nbytes, fd=0, offset=offset)
+                     for t, (shape, stride, nbytes), offset in zip(tensors, layouts, offsets)]
+            fds = [host.fd]
+        count = len(tensors) - len(outputs)
+        inputs, input_specs, index = [], [], 0
+        for x in staging:
+            is_tensor = isinstance(x, torch.Tensor)
+            inputs.append(shared[index] if is_tensor else None)
+            input_specs.append(specs[index] if is_tensor else None)
+            index += is_tensor
+        number = len(self.layouts) + 1
+        self._send(Buffers(layout=number, inputs=input_specs, spill=specs[count:]), fds)
+        layout = self.layouts[key] = _Layout(number, inputs, shared[count:])
+        return layout
+
+    def _call_cuda(self, go: Go, staging: list, layout: _Layout):
+        """See the module's docstring. Whatever may synchronise this process's device (opening another
+        process's memory, allocating) is done before the gate's wait is queued, or after it is open:
+        behind the closed gate it would wait for the stream that waits for the gate."""
+        memory, flags, stream = self.memory, self.flags, self.stream
+        self._send(go)
+        try:
+            done = self._receive_done(go.k, timeout=self.host_wait_s)
+        except TimeoutError:
+            done = None
+            self.host_wait_s = _HOST_WAIT_AGAIN_S
+        snapshot = self._snapshots(done, layout) if done is not None else None
+        nonce = secrets.randbits(31) | 1
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        flush = self._flush_buffer()
+        memory.wait_value(stream, self.gate_address, go.k)
+        start.record(stream)
+        for shared, x in zip(layout.inputs, staging):
+            if shared is not None:
+                _copy(shared, x)
+        torch.bitwise_not(flush, out=flush)
+        memory.write_value(stream, flags.base + exchange.NONCE, nonce)
+        memory.write_value(stream, flags.base + exchange.SEQ, go.k)
+        memory.wait_value(stream, flags.base + exchange.DONE, nonce, equal=True)
+        if done is None:  # the worker is still in its forward on the host: open the gate, then wait for it
+            self.gate[0] = go.k
+            done = self._receive_done(go.k)
+            snapshot = self._snapshots(done, layout)
+        torch.bitwise_not(flush, out=flush)
+        for source, copy in snapshot:
+            _copy(copy, source)
+        end.record(stream)
+        self.gate[0] = go.k
+        self._settle(go.k, end)
+        return start.elapsed_time(end), done, [copy for _, copy in snapshot]
+
+    def _snapshots(self, done: Done, layout: _Layout) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(where each output is, the judge's own buffer for it): the worker's memory opened and the copies
+        allocated now, before anything of the call is queued (a meta placeholder needs no copy)."""
+        pairs = []
+        for source in self._sources(done, layout):
+            if source.device.type == "meta":
+                pairs.append((source, source))
+            elif exchange.dense(source):
+                pairs.append((source, torch.empty_strided(source.shape, source.stride(), dtype=source.dtype, device=source.device)))
+            else:
+                pairs.append((source, torch.empty(source.shape, dtype=source.dtype, device=source.device)))
+        return pairs
+
+    def _settle(self, k: int, end: torch.cuda.Event) -> None:
+        """Wait until the worker says its device is done with the call, then for the call's last mark.
+        A fault in the worker's kernels is said first: the judge's stream, waiting for the worker's done
+        word, would otherwise wait forever."""
+        try:
+            settled, _ = self.link.recv(Settled)
+        except (EOFError, ProtocolError) as exc:
+            raise WorkerFailed(f"the worker broke the call protocol ({exc})") from None
+        if settled.k != k:
+            raise WorkerFailed(f"the worker settled call {settled.k} when call {k} was running")
+        if settled.error is not None:
+            raise _WorkerRaised(settled.error)
+        end.synchronize()
+
+    def _call_cpu(self, go: Go, staging: list, layout: _Layout):
+        flush = self._flush_buffer()
+        flush.bitwise_not_()  # the caches hold none of the worker's data (but what the copy-in brings)
+        started = time.perf_counter_ns()
+        for shared, x in zip(layout.inputs, staging):
+            if shared is not None:
+                shared.copy_(x)
+        self._send(go)
+        done = self._receive_done(go.k)
+        got = [src.clone() if src.device.type != "meta" else src for src in self._sources(done, layout)]
+        return (time.perf_counter_ns() - started) / 1e6, done, got
+
+    def _receive_done(self, k: int, timeout: float | None = None) -> Done:
+        try:
+            done, _ = self.link.recv(Done, timeout)
+        except TimeoutError:
+            raise
+        except (EOFError, ProtocolError) as exc:
+            raise WorkerFailed(f"the worker broke the call protocol ({exc})") from None
+        if done.k != k:
+            raise WorkerFailed(f"the worker answered call {done.k} when call {k} was asked")
+        if done.error is not None:
+            raise _WorkerRaised(done.error)
+        return done
+
+    def _sources(self, done: Done, layout: _Layout) -> list[torch.Tensor]:
+        """The worker's outputs, where it says they are, as tensors the judge reads (never writes). An
+        output of another shape or dtype than the task's needs no reading: a placeholder of its layout
+        (on the meta device) carries the comparison's verdict."""
+        if len(done.outputs) > 4096:
+            raise WorkerFailed("the worker named more outputs than a call can have")
+        sources = []
+        for index, ref in enumerate(done.outputs):
+            try:
+                dtype = getattr(torch, ref.dtype)
+                if not isinstance(dtype, torch.dtype):
+                    raise ValueError(f"no dtype {ref.dtype!r}")
+                expected = layout.spill[index] if index < len(layout.spill) else None
+                if expected is None or list(expected.shape) != ref.shape or expected.dtype != dtype:
+                    sources.append(torch.empty(ref.shape, dtype=dtype, device="meta"))
+                elif ref.spilled:
+                    if index >= len(layout.spill):
+                        raise ValueError("a spilled output beyond the task's outputs")
+                    spill = layout.spill[index]
+                    if list(spill.shape) != ref.shape or spill.dtype != dtype:
+                        raise ValueError("a spilled output of another layout than its buffer")
+                    sources.append(spill)
+                elif self.cuda and ref.handle is not None:
+                    pointer, size = self.memory.open(ref.handle)
+                    sources.append(exchange.view(self.memory.bytes_at(pointer, size), dtype, ref.shape, ref.stride, ref.offset))
+                else:
+                    raise ValueError("an output that is neither spilled nor shared")
+            except (ValueError, TypeError, RuntimeError, AttributeError) as exc:
+                raise WorkerFailed(f"the worker named output {index} where the judge cannot read it ({exc})") from None
+        return sources
+
+    def _flush_buffer(self) -> torch.Tensor:
+        size = self._flush_bytes if self.cuda else min(self._flush_bytes, 32 << 20)
+        if self._flush is None or self._flush.numel() != max(size, 1):
+            self._flush = torch.zeros(max(size, 1), dtype=torch.uint8, device=self.device)
+        return self._flush
+
+    def _send(self, message: protocol.Message, fds: list[int] = ()) -> None:
+        try:
+            self.link.send(message, fds)
+        except OSError as exc:
+            raise WorkerFailed(f"the worker is gone ({exc})") from None
+
+
+class _WorkerRaised(Exception):
+    """The worker's forward raised, or returned something that is not plain tensors (its words)."""
+
+
+def _verdict(trial: int, expected: tuple, got: tuple, atol: float, rtol: float) -> TrialVerdict:
+    """``compare``'s report on the worker's outputs against the reference's, or against the float32
+    run's where it differs from the reference (matching either is correct)."""
+    sequence, outputs, precise = expected
+    got_sequence, got_outputs = got
+    candidate = got_outputs if got_sequence else (got_outputs[0] if len(got_outputs) == 1 else got_outputs)
+    report = compare.compare_outputs(trial, outputs if sequence else outputs[0], candidate, atol, rtol)
+    if not report.correct and precise is not None:
+        second = compare.compare_outputs(trial, precise if sequence else precise[0], candidate, atol, rtol)
+        if second.correct:
+            report = second
+    return report
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _signature(x) -> tuple:
+    if isinstance(x, torch.Tensor):
+        return (str(x.dtype), tuple(x.shape), tuple(exchange.layout_of(x)[1]))
+    return ("value",)
+
+
+def _plain(value):
+    """A non-tensor input as the protocol carries it (JSON scalars, lists of them)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    raise WorkerFailed(f"the task's get_inputs() returned a {type(value).__name__}, which cannot be handed to the worker")
+
+
+def _dense_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a tensor without gaps or overlaps, as a flat uint8 tensor over the same memory."""
+    nbytes = t.numel() * t.element_size()
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset() * t.element_size(), (nbytes,), (1,))
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst`` := ``src`` by a kernel, never a copy engine: the worker's kernels cannot run beside it
+    (the GPU's compute engine runs one process's work at a time), and a copy engine could."""
+    if not dst.numel() or dst.device.type == "meta":
+        return
+    if dst.stride() == src.stride() and exchange.dense(dst) and exchange.dense(src):
+        torch.bitwise_or(_dense_bytes(src), 0, out=_dense_bytes(dst))
+    else:
+        dst.copy_(src)  # strided on one side: an elementwise kernel
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the worker left an input as it was given (NaN equal to NaN)."""
+    if a.shape != b.shape:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan()))
+    return bool(torch.equal(a, b))
+
+
+
+#: A tiny kernel's launch and completion takes ~20 us on an idle H100; a device time-shared with
+#: another process's running kernel makes it wait for that process's time slice (milliseconds).
+_BUSY_MS = 0.5
+
+
+def other_work_ms(device: torch.device, rounds: int = 5) -> float | None:
+    """Milliseconds a tiny kernel waited to run and finish (median of ``rounds``) when another
+    process's work holds the device, else None: before a timing run on a device shared with
+    other jobs, whose processes are frozen but whose kernels already launched run on."""
+    if device.type != "cuda":
+        return None
+    probe = torch.zeros(1, device=device)
+    walls = []
+    for _ in range(rounds):
+        began = time.perf_counter_ns()
+        probe.add_(1)
+        torch.cuda.synchronize(device)
+        walls.append((time.perf_counter_ns() - began) / 1e6)
+    wall = statistics.median(walls)
+    return wall if wall > _BUSY_MS else None

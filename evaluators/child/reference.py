@@ -1,0 +1,269 @@
+"""The task's reference, on the judge's side: its inputs, its Model, its trials and their outputs.
+
+Runs only the task's code and the harness's (the judge's process, ``judge.py``). ``init`` builds
+the Model under the job's secret seed and saves its weights and init inputs for the worker;
+``trials`` runs it on each trial's inputs (``screen``: varied in distribution and scale) and keeps
+the outputs in this process's memory, never on disk; ``screen`` answers the synthesis filter's
+questions about a task. The candidate never sees any of it: the judge hands a call's inputs to
+the worker only as the call starts, and compares the worker's outputs here.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import torch
+
+import screen
+from outputs import describe, flatten, is_plain, is_sequence
+from protocol import ReferenceTrial, RefTrials, RefTrialsAnswer
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: Types a non-tensor input may have: the judge hands them to the worker as JSON.
+_PLAIN = (type(None), bool, int, float, str)
+
+
+class Reference:
+    def __init__(self, device: torch.device, task: dict, out_dir: Path):
+        self.device, self.task, self.out_dir = device, task, out_dir
+        self.model = None
+        self.model32 = None  # a float32 copy of the Model, for half-precision tasks (``precise``)
+        self.mutates_inputs = False  # the Model modifies its inputs in place (seen in its trials)
+        #: Per trial: its seed and variant, and the Model's outputs (whether a sequence; the float32 run's).
+        self.trials: list[dict] = []
+
+    def make_inputs(self, seed: int, variant: str = "as_is") -> list:
+        """The task's inputs for a seed, made on the device (``screen.vary`` reshapes a trial's)."""
+        torch.manual_seed(seed)
+        with torch.device(self.device):
+            inputs = self.task["get_inputs"]()
+        return screen.vary([x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs], variant, seed)
+
+    def run(self, inputs: list, *, precise: bool = True) -> tuple[bool, list, list | None]:
+        """(whether the Model returned a sequence, its outputs, the float32 run's or None) on ``inputs``,
+        which stay as they are (the Model gets copies where it modifies its inputs)."""
+        args = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs] if self.mutates_inputs else inputs
+        with torch.no_grad():
+            out = self.model(*args)
+        outputs = [t.detach() if isinstance(t, torch.Tensor) else t for t in flatten(out)]
+        return is_sequence(out), outputs, self.precise(inputs, outputs) if precise else None
+
+    def precise(self, inputs: list, outputs: list) -> list | None:
+        """The Model run in float32 on ``inputs`` (their float16 and bfloat16 tensors made float32),
+        each output rounded once to its dtype: for a task with float16 or bfloat16 outputs, where the
+        float32 run gives outputs of the same shapes. A fused kernel that computes in float32 and
+        rounds once differs from the task's own run, which rounds at every step, by more than the
+        tolerance at times (``x * y + x`` in bfloat16); it matches this one. None otherwise."""
+        if not any(isinstance(t, torch.Tensor) and t.dtype in _LOW_PRECISION for t in outputs):
+            return None
+        try:
+            if self.model32 is None:
+                self.model32 = copy.deepcopy(self.model).float()
+            # Copies (``float()`` of a half tensor is one): the Model may change its inputs in place.
+            wide = [(x.float() if x.dtype in _LOW_PRECISION else x.clone()) if isinstance(x, torch.Tensor) else x for x in inputs]
+            with torch.no_grad():
+                got = flatten(self.model32(*wide))
+        except Exception:  # noqa: BLE001 - the task does not run in float32: its own run is the only reference
+            return None
+        if len(got) != len(outputs) or any(not isinstance(g, torch.Tensor) or g.shape != t.shape for g, t in zip(got, outputs)):
+            return None
+        return [g.detach().to(t.dtype) for g, t in zip(got, outputs)]
+
+    # ------------------------------------------------------------------ the harness's commands
+
+    def init(self, init_seed: int) -> None:
+        """Build the Model under ``init_seed``; save its weights and init inputs for the worker."""
+        torch.manual_seed(init_seed)
+        init = self.task["get_init_inputs"]()
+        try:
+            torch.save(init, self.out_dir / "init_inputs.pt")
+        except Exception:  # noqa: BLE001 - not picklable (torch.channels_last): the worker makes them itself
+            torch.save(None, self.out_dir / "init_inputs.pt")
+        torch.manual_seed(init_seed)
+        self.model = self.task["Model"](*init).to(self.device).eval()
+        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, self.out_dir / "state_dict.pt")
+
+    def run_trials(self, req: RefTrials) -> RefTrialsAnswer:
+        """Each trial's outputs, kept; its variant (``screen``); the trivial answers that pass them
+        all (``screen.TrivialAnswers``). A variant that takes the Model out of its domain (it raises,
+        or its output is not finite) gives way to the task's own inputs."""
+        try:
+            allowed = screen.task_variants(self.task)
+        except ValueError as exc:
+            return RefTrialsAnswer(error=f"the task's {exc}")
+        variants = screen.trial_variants(len(req.seeds), allowed) if req.vary else ["as_is"] * len(req.seeds)
+        answers = screen.TrivialAnswers(req.atol, req.rtol)
+        reports, output_bytes = [], 0
+        for seed, variant in zip(req.seeds, variants):
+            inputs, pristine, out = self._trial(seed, variant)
+            if variant != "as_is" and (out is None or not screen.finite(
+                    [t for t in flatten(out) if isinstance(t, torch.Tensor)])):
+                variant, inputs, pristine, out = "as_is", None, None, None  # freed before the second call
+                inputs, pristine, out = self._trial(seed, variant)
+            unplain = [type(x).__name__ for x in inputs if not isinstance(x, torch.Tensor) and not _plain(x)]
+            if unplain:
+                return RefTrialsAnswer(error=f"the task's get_inputs() returns {', '.join(unplain)}: inputs must be "
+                                             "tensors, numbers, strings or lists of them")
+            outputs = flatten(out)
+            kinds = [describe(t) for t in outputs if not is_plain(t)]
+            mutated = any(isinstance(a, torch.Tensor) and (a.shape != b.shape or not torch.equal(a.nan_to_num(), b.nan_to_num()))
+                          for a, b in zip(inputs, pristine))
+            self.mutates_inputs |= mutated
+            if not kinds:
+                kept = self._kept([t.detach() for t in outputs])
+                precise = self.precise(pristine, kept)
+                precise = self._kept(precise) if precise is not None else None
+                self.trials.append({"seed": seed, "variant": variant, "sequence": is_sequence(out),
+                                    "expected": kept, "precise": precise})
+                output_bytes += sum(t.nbytes for t in kept)
+                answers.add(kept, pristine, precise)  # a trivial answer that passes either reference counts
+            reports.append(ReferenceTrial(variant=variant, mutated_inputs=mutated, non_tensor_outputs=kinds))
+            del out, outputs, inputs, pristine
+        return RefTrialsAnswer(trials=reports, trivial=answers.reasons(), output_bytes=output_bytes)
+
+    def _trial(self, seed: int, variant: str) -> tuple:
+        """(inputs, a copy of them as made, the output) of one trial. On a variant's inputs, a
+        Model that raises (or a variant that cannot reshape them: an expanded tensor, infinite
+        bounds) gives the output None."""
+        try:
+            inputs = self.make_inputs(seed, variant)
+            pristine = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            with torch.no_grad():
+                out = self.model(*inputs)
+        except Exception:
+            if variant == "as_is":
+                raise
+            return None, None, None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return inputs, pristine, out
+
+    def _kept(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Copies (an output may be a view of an input or a buffer), on the device while it keeps a
+        quarter of its memory free for the candidate, else in this process's host memory."""
+        free, total = torch.cuda.mem_get_info(self.device) if self.device.type == "cuda" else (0, 0)
+        on_device = sum(t.nbytes for t in outputs) < free - total // 4
+        return [t.clone() if on_device else t.to("cpu", copy=True) for t in outputs]
+
+    def time(self, calls: int, warmup: int, flush_bytes: int) -> list[float]:
+        """Milliseconds of each of ``calls`` calls of the Model in this process, on fresh inputs after a
+        cache flush (CUDA events on a GPU): a coarse time for screening a task, never a reward's."""
+        flush = torch.empty(max(flush_bytes, 1), dtype=torch.uint8, device=self.device)
+        times = []
+        with torch.no_grad():
+            for index in range(warmup + calls):
+                inputs = self.make_inputs(index)
+                flush.bitwise_not_()
+                if self.device.type == "cuda":
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    self.model(*inputs)
+                    end.record()
+                    end.synchronize()
+                    elapsed = start.elapsed_time(end)
+                else:
+                    began = time.perf_counter_ns()
+                    self.model(*inputs)
+                    elapsed = (time.perf_counter_ns() - began) / 1e6
+                if index >= warmup:
+                    times.append(elapsed)
+        return times
+
+    def screen(self, seeds: list[int], compile: bool) -> dict:
+        """Facts for the synthesis filter (``kernel_env.workloads.synth.filter``, which decides; nothing here does).
+
+        Without ``compile``: the Model on the inputs of ``seeds[0]`` twice (fresh copies, the random
+        state moving on between the calls, as it would in use) and on those of ``seeds[1]`` once;
+        reports the outputs' signatures, whether they are finite, each output's spread (max - min),
+        the largest difference between the two identical calls and between the two inputs, and the
+        largest magnitude. With ``compile``: ``torch.compile(Model)`` on the inputs of ``seeds[0]``
+        against eager; reports the largest difference and its allowed tolerance's scale."""
+        first = self.make_inputs(seeds[0])
+        with torch.no_grad():
+            eager = flatten(self.model(*_copies(first)))
+            if compile:
+                compiled = flatten(torch.compile(self.model)(*_copies(first)))
+                return {"compile_max_diff": _max_diff(eager, compiled), "scale": _scale(eager)}
+            again = flatten(self.model(*_copies(first)))
+            other = flatten(self.model(*self.make_inputs(seeds[1])))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        kinds = [type(t).__name__ for t in eager if not isinstance(t, torch.Tensor)]
+        if kinds:
+            return {"non_tensor_outputs": kinds}
+        return {
+            "non_tensor_outputs": [],
+            "outputs": [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in eager],
+            "finite": all(bool(torch.isfinite(t).all()) for t in eager if t.is_floating_point() or t.is_complex()),
+            "spreads": [_spread(t) for t in eager],
+            "numels": [t.numel() for t in eager],
+            "repeat_max_diff": _max_diff(eager, again),
+            "input_max_diff": _max_diff(eager, other),
+            "scale": _scale(eager),
+        }
+
+
+def _plain(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, _PLAIN)
+
+
+def _copies(inputs: list) -> list:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _max_diff(a: list, b: list) -> float:
+    """Largest elementwise difference between two output lists (inf where shapes, dtypes or NaN positions
+    differ). Works in the outputs' own precision (float32 at least), so gigabyte outputs are not doubled."""
+    if len(a) != len(b):
+        return float("inf")
+    worst = 0.0
+    for x, y in zip(a, b):
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            return float("inf")
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return float("inf")
+        if x.numel() == 0:
+            continue
+        x, y = x.detach(), y.detach()
+        if x.is_floating_point() or x.is_complex():
+            if not torch.equal(torch.isnan(x), torch.isnan(y)):
+                return float("inf")
+            diff = (x - y).abs() if x.is_complex() else (x.float() - y.float()).abs()
+            diff = torch.where(torch.isnan(diff), 0.0, diff)  # NaN in both, or the same infinity in both
+        else:
+            diff = (x.long() - y.long()).abs()
+        worst = max(worst, float(diff.max()))
+    return worst
+
+
+def _finite_range(t: torch.Tensor) -> tuple[float, float] | None:
+    """(min, max) over the finite elements (the real part of complex ones), or None if there are none."""
+    values = (t.real if t.is_complex() else t).detach()
+    if values.dtype == torch.bool:
+        values = values.to(torch.uint8)
+    if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+        values = values[torch.isfinite(values)]  # a copy, only where something is not finite
+    if values.numel() == 0:
+        return None
+    low, high = torch.aminmax(values)
+    return float(low), float(high)
+
+
+def _spread(t: torch.Tensor) -> float:
+    """max - min over the finite elements (0 for none): zero means a constant output."""
+    found = _finite_range(t)
+    return found[1] - found[0] if found else 0.0
+
+
+def _scale(outputs: list) -> float:
+    """Largest finite magnitude among the outputs (the scale a relative tolerance refers to)."""
+    scale = 0.0
+    for t in outputs:
+        found = _finite_range(t) if isinstance(t, torch.Tensor) else None
+        if found:
+            scale = max(scale, abs(found[0]), abs(found[1]))
+    return scale

@@ -1,0 +1,294 @@
+"""The worker: the process that runs the model under test (a candidate's ModelNew, or the task's
+Model for the eager and torch.compile baselines), and nothing it says is trusted.
+
+It maps the buffers the judge shares (``exchange``), and for each ``Go`` runs the model on the
+call's inputs and answers ``Done``: where its outputs are. On a GPU it queues the call behind a
+wait for the call's number and answers as soon as it is queued, so its launches are done before
+the judge's clock starts; its stream copies the call's nonce to the done word after the forward,
+which is how the judge learns the work is over. The judge reads the outputs and keeps the time
+(``judge.py``); so a candidate that reaches every object here, the channel and the flags included,
+can at worst be judged on the work it really did, at the speed it really ran.
+
+What runs here besides the model is defence in depth, whose findings can only add violations:
+the dispatch audit and Triton launch count of audited calls, modes left on torch's stack, threads
+and processes beside the model, and the integrity of the harness's objects (``guards``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+import exchange
+import guards
+import protocol
+from outputs import describe, flatten, is_plain, is_sequence
+from protocol import Buffers, Done, Findings, Flags, Go, Load, LoadAnswer, OutputRef, ServeAnswer, Settled, Stop
+
+
+class _Layout:
+    def __init__(self, inputs: list, spill: list, null: list):
+        self.inputs, self.spill, self.null = inputs, spill, null
+
+
+class _Ops(NamedTuple):
+    map: Callable
+    call: Callable
+    share: Callable
+    audited: Callable
+    look_around: Callable
+    settle: Callable
+
+
+class Worker:
+    def __init__(self, device: torch.device, task: dict, *, pid_namespace: bool):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.task = task
+        self.memory = exchange.DeviceMemory(device) if self.cuda else None
+        self.pid_namespace = pid_namespace
+        # Set once each (``connect``, ``load``); what changes from call to call lives in these containers.
+        self.link: protocol.Link | None = None
+        self.model = None
+        self.flags: list[exchange.Flags] = []
+        self.layouts: dict[int, _Layout] = {}
+        self.kept: list = []  # the last call's outputs, alive until the judge has read them
+        self.seen = {"calls": 0, "processes": set(), "threads": set(), "modes": set()}
+        self.launches = guards.KernelLaunchCounter()
+        self.integrity: guards.Integrity | None = None
+        self.processes: guards.Processes | None = None
+        # The methods a call runs, bound now, before any candidate code exists in the process: a method
+        # the candidate replaces on the class later is not the one that runs (the integrity check names it).
+        self.ops = _Ops(Worker._map, Worker._call, Worker._share, Worker._audited, Worker._look_around, Worker._settle)
+
+    def connect(self, link: protocol.Link) -> None:
+        self.link = link
+
+    # ------------------------------------------------------------------ the model
+
+    def load(self, req: Load) -> LoadAnswer:
+        """The model this worker runs: the candidate's ModelNew, or the task's Model (``eager``) or
+        ``torch.compile`` of it; with the reference's weights (matched by name)."""
+        if req.kind == "candidate":
+            # Every check, bound and snapshotted before any candidate code is imported.
+            self.launches.install()
+            guards.watch_host_reads()
+            self.processes = guards.Processes() if self.pid_namespace else None
+            self.integrity = guards.Integrity(instances={"the worker": self, "the worker's link": self.link})
+            self.integrity.accept("the worker", "integrity")
+        init = _init_inputs(req.init_inputs)
+        if init is None:
+            # Values only a full unpickling rebuilds (a class, a range), or none could be saved: made here as
+            # the reference made them (the same code and seed; no candidate code has run in this process yet).
+            torch.manual_seed(req.init_seed)
+            init = self.task["get_init_inputs"]()
+        reference_state = torch.load(req.state_dict, weights_only=True)
+        if req.kind == "candidate":
+            built = self._candidate(Path(req.snapshot), init, req.init_seed)
+            if isinstance(built, str):
+                return LoadAnswer(error=built)
+            model = built
+        else:
+            torch.manual_seed(req.init_seed)
+            model = self.task["Model"](*init)
+        own = model.state_dict()
+        matched = {k: v for k, v in reference_state.items() if k in own and own[k].shape == v.shape}
+        mismatched = sorted(k for k, v in reference_state.items() if k in own and own[k].shape != v.shape)
+        model.load_state_dict(matched, strict=False)
+        model = model.to(self.device).eval()
+        self.model = torch.compile(model) if req.kind == "compile" else model
+        if self.integrity is not None:
+            self.integrity.accept("the worker", "model")
+        return LoadAnswer(loaded_weights=sorted(matched), shape_mismatch=mismatched,
+                          missing_weights=sorted(k for k in reference_state if k not in own))
+
+    def _candidate(self, snapshot: Path, init: list, init_seed: int):
+        """ModelNew built from the snapshot, or why not (a string)."""
+        sys.path.insert(0, str(snapshot))
+        sys.path.insert(0, str(snapshot / "build"))
+        spec = importlib.util.spec_from_file_location("model_new", snapshot / "model_new.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model_new"] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            error = trimmed("importing model_new.py", exc)
+            if "undefined symbol" in str(exc):
+                error += (f"\n(this worker runs torch {torch.__version__}: was build/ built against another torch? "
+                          "Run `bash utils/compile.sh` again.)")
+            return error
+        if not hasattr(module, "ModelNew"):
+            return "model_new.py does not define ModelNew"
+        torch.manual_seed(init_seed)
+        try:
+            model = module.ModelNew(*init)
+        except Exception as exc:
+            return trimmed("ModelNew(*get_init_inputs())", exc)
+        if not isinstance(model, torch.nn.Module):
+            return "ModelNew(...) is not a torch.nn.Module"
+        return model
+
+    # ------------------------------------------------------------------ the calls
+
+    def serve(self) -> ServeAnswer:
+        """Answer the judge's calls until it says ``Stop``; then what was seen beside them. Whatever
+        stops it otherwise closes its end of the socket: the judge must not wait for a ``Done`` that
+        will never come."""
+        try:
+            return self._serve()
+        except BaseException:
+            self.link.sock.close()
+            raise
+
+    def _serve(self) -> ServeAnswer:
+        while True:
+            message, fds = self.link.recv((Buffers, Flags, Go, Stop))
+            if isinstance(message, Stop):
+                break
+            if isinstance(message, Flags):
+                self.flags[:] = [exchange.Flags(self.memory, message.handle)]
+            elif isinstance(message, Buffers):
+                self.ops.map(self, message, fds)
+            else:
+                self.link.send(self.ops.call(self, message))
+                if self.cuda:  # the call's work is queued: say when the device is done with it, or that it failed
+                    self.link.send(self.ops.settle(self, message.k))
+                self.seen["calls"] += 1
+                self.ops.look_around(self)
+        self.kept.clear()
+        return ServeAnswer(calls=self.seen["calls"], processes=sorted(self.seen["processes"]),
+                           threads=sorted(self.seen["threads"]), modes=sorted(self.seen["modes"]))
+
+    def _map(self, message: Buffers, fds: list[int]) -> None:
+        specs = [spec for spec in (*message.inputs, *message.spill) if spec is not None]
+        host = None
+        if not self.cuda and specs:  # one memfd holds every buffer of the layout
+            host = exchange.HostBuffer.adopt(fds[0], max(spec.offset + spec.nbytes for spec in specs))
+
+        def tensor(spec: protocol.BufferSpec | None):
+            if spec is None:
+                return None
+            dtype = getattr(torch, spec.dtype)
+            if self.cuda:
+                pointer, size = self.memory.open(spec.handle)
+                return exchange.view(self.memory.bytes_at(pointer, size), dtype, spec.shape, spec.stride)
+            return exchange.view(host.raw, dtype, spec.shape, spec.stride, spec.offset)
+
+        spill = [tensor(s) for s in message.spill]
+        # A calibration call's outputs: the worker's own memory on a GPU (read as a real call's are),
+        # the spill buffers on the CPU.
+        null = [torch.zeros_like(t) for t in spill] if self.cuda else spill
+        self.layouts[message.layout] = _Layout([tensor(s) for s in message.inputs], spill, null)
+
+    def _call(self, go: Go) -> Done:
+        layout = self.layouts[go.layout]
+        inputs = [t if t is not None else v for t, v in zip(layout.inputs, go.values)]
+        self.kept.clear()
+        if self.cuda:
+            torch.cuda.set_stream(torch.cuda.default_stream(self.device))
+            flags = self.flags[0]
+            self.memory.wait_value(torch.cuda.default_stream(self.device), flags.base + exchange.SEQ, go.k)
+        if go.null:
+            if self.cuda:
+                flags.echo()
+            return Done(k=go.k, outputs=[self.ops.share(self, t, i, layout) for i, t in enumerate(layout.null)],
+                        sequence=len(layout.null) != 1)
+        findings = None
+        try:
+            with torch.no_grad():
+                if go.audit:
+                    out, findings = self.ops.audited(self, inputs)
+                else:
+                    out = self.model(*inputs)
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the forward's, reported as its error
+            return Done(k=go.k, error=trimmed("ModelNew.forward", exc))
+        outputs = flatten(out)
+        odd = [describe(t) for t in outputs if not is_plain(t)]
+        if odd:
+            return Done(k=go.k, error=f"ModelNew.forward returned {', '.join(odd[:3])} instead of plain tensors")
+        self.kept.append(out)
+        refs = [self.ops.share(self, t, i, layout) for i, t in enumerate(outputs)]
+        if self.cuda:
+            torch.cuda.set_stream(torch.cuda.default_stream(self.device))  # the legacy stream: after every blocking stream's work
+            flags.echo()
+        return Done(k=go.k, outputs=refs, sequence=is_sequence(out), findings=findings)
+
+    def _share(self, t: torch.Tensor, index: int, layout: _Layout) -> OutputRef:
+        """Where output ``index`` is, for the judge: its own allocation on this GPU, else copied into
+        the judge's spill buffer (on the CPU, always)."""
+        dtype = str(t.dtype).removeprefix("torch.")
+        if self.cuda and t.device == self.device and t.numel():
+            base, _ = self.memory.extent(t.data_ptr())
+            handle = self.memory.export(base)
+            if handle is not None:
+                return OutputRef(dtype=dtype, shape=list(t.shape), stride=list(t.stride()),
+                                 offset=t.data_ptr() - base, handle=handle)
+        spill = layout.spill[index] if index < len(layout.spill) else None
+        if spill is None or t.dtype != spill.dtype or t.shape != spill.shape:
+            # Not the task's output: the judge's comparison says so from the layout alone.
+            return OutputRef(dtype=dtype, shape=list(t.shape), stride=list(t.stride()))
+        if t is not spill:
+            spill.copy_(t)
+        return OutputRef(dtype=dtype, shape=list(t.shape), stride=list(spill.stride()), spilled=True)
+
+    def _audited(self, inputs: list) -> tuple:
+        """One call under the dispatch audit (every ATen operator, from Python or C++) and the Triton launch count."""
+        audit = guards.TorchComputeAudit()
+        before = self.launches.launches
+        with audit:
+            out = self.model(*inputs)
+        findings = Findings(torch_ops=dict(audit.forbidden), triton_launches=self.launches.launches - before,
+                            empty_output=all(isinstance(t, torch.Tensor) and t.numel() == 0 for t in flatten(out)),
+                            audited=True)
+        return out, findings
+
+    def _settle(self, k: int) -> Settled:
+        """Wait for the device to finish this process's work (after ``Done``: outside the judge's clock)."""
+        try:
+            torch.cuda.synchronize(self.device)
+        except BaseException as exc:  # a fault in the candidate's kernels: this process's context is lost
+            return Settled(k=k, error=trimmed("ModelNew.forward (on the device)", exc))
+        return Settled(k=k)
+
+    def _look_around(self) -> None:
+        """After each call has been answered (outside the judge's clock): modes left on torch's stack,
+        threads and processes beside the model."""
+        self.seen["modes"].update(guards.modes_on_stack())
+        if self.integrity is not None:
+            self.seen["threads"].update(self.integrity.new_threads())
+        if self.processes is not None:
+            self.seen["processes"].update(self.processes.new())
+
+    def integrity_report(self) -> protocol.IntegrityAnswer:
+        if self.integrity is None:
+            return protocol.IntegrityAnswer()
+        return protocol.IntegrityAnswer(changes=self.integrity.changes(), new_threads=self.integrity.new_threads(),
+                                        processes=self.processes.new() if self.processes is not None else [],
+                                        modes=guards.modes_on_stack())
+
+
+def _init_inputs(path: str):
+    """The reference's init inputs as plain data (tensors, numbers, strings, dtypes...), or None."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        return None
+
+
+def trimmed(stage: str, exc: BaseException) -> str:
+    """The exception, with the traceback trimmed to the candidate's own files."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if "site-packages" not in f.filename and "/evaluators/" not in f.filename
+           and "/run/kernel_env/child/" not in f.filename]
+    lines = [f"  {Path(f.filename).name}:{f.lineno} in {f.name}: {f.line or ''}".rstrip() for f in own[-5:]]
+    message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if len(message) > 3000:
+        message = message[:1500] + "\n[...]\n" + message[-1500:]
+    return f"{stage} raised {message}" + ("\n" + "\n".join(lines) if lines else "")
