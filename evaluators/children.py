@@ -180,8 +180,9 @@ class Child:
         with this one meanwhile (a job's judge and worker), whose prints are drained too."""
         name = type(command).__name__
         line = self._read_line(name, timeout, yields, beside)
-        text, _, mac = line.decode("utf-8", "replace").rpartition("\t")
-        if not hmac.compare_digest(mac, protocol.sign(self._key, text)):
+        raw, _, mac = line.rpartition(b"\t")
+        text = raw.decode("utf-8", "replace")
+        if not hmac.compare_digest(mac, protocol.sign(self._key, text).encode()):  # bytes: any bytes compare
             raise ChildError(f"the {self.role} process sent an answer to {name} that the harness did not write "
                              "(something in it wrote to the harness's channel)")
         try:

@@ -49,9 +49,9 @@ from kernel_env.evaluators.child.protocol import (
 )
 from kernel_env.evaluators.children import Child, ChildError, CommandFailed
 from kernel_env.evaluators.job import SPARES, Job, JobFailed, lost_with_its_server
+from kernel_env.evaluators.module_rules import read_untrusted
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode, Timing, TrialReport
 from kernel_env.evaluators.sharing import DeviceLease
-from kernel_env.evaluators.module_rules import read_untrusted
 from kernel_env.evaluators.static_rules import check_sources
 from kernel_env.evaluators.verdict import conclude
 

@@ -400,11 +400,12 @@ def workspace_builds(pytestconfig, tmp_path_factory) -> dict[str, Path]:
 def _fixture_snapshot(root: Path, fixture: str, module: Path) -> Path:
     """A snapshot as tests/test_evaluation.py makes one: the fixture as model_new.py, the kernels its
     `# kernels:` line lists, and the module."""
+    from test_evaluation import cpp_sources, fixture_headers, fixtures_binding
+
     source = CANDIDATES / f"{fixture}.py"
-    listed = next(line for line in source.read_text().splitlines() if line.startswith("# kernels:")).split(":", 1)[1]
-    snapshot = _snapshot(root, {n: (CANDIDATES / "kernels" / n).read_text() for n in listed.split()}, module,
-                         model=source.read_text())
-    return snapshot
+    kernels = {n: (CANDIDATES / "kernels" / n).read_text() for n in cpp_sources(fixture)}
+    kernels["fixtures_binding.cpp"] = fixtures_binding(fixture_headers(fixture, "kernels"))
+    return _snapshot(root, kernels, module, model=source.read_text())
 
 
 def test_the_example_solution_built_by_the_workspace_breaks_no_rule(workspace_builds, tmp_path):

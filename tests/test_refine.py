@@ -269,7 +269,7 @@ def test_messages_are_the_conversation_in_openai_format(scenario):
 # ============================================================================ success in C++
 
 CHAIN = RELU_ADD.replace("return torch.relu(x + y)", "for _ in range(8):\n            x = torch.relu(x + y)\n        return x") \
-    .replace("N = 1 << 14", "N = 1 << 18")
+    .replace("N = 1 << 14", "N = 1 << 20")
 CHAIN_TASK = Task(id="test/relu_add_chain", code=CHAIN, name="relu_add_chain")
 CHAIN_KERNEL = textwrap.dedent(
     """\

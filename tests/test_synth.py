@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from scripted_llm import Reply, ScriptedLLM
+from scripted_llm import ScriptedLLM
 from typer.testing import CliRunner
 
 from kernel_env.cli import app

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernel_env.evaluators.child import exchange, protocol
-from kernel_env.evaluators.child.protocol import BufferSpec, Buffers, Done, Go, OutputRef, ProtocolError, decode
+from kernel_env.evaluators.child.protocol import Buffers, BufferSpec, Done, Go, OutputRef, ProtocolError, decode
 
 
 def test_a_message_crosses_the_boundary_unchanged():

@@ -23,6 +23,7 @@ decides anything.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import math
 import mmap
 import os
@@ -45,8 +46,10 @@ class HostBuffer:
         self.nbytes = nbytes
         size = max(nbytes, _PAGE)
         if fd is None:
-            fd = os.memfd_create("kernel_env-call", os.MFD_CLOEXEC)
+            fd = os.memfd_create("kernel_env-call", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             os.ftruncate(fd, size)
+            # Its size sealed: a worker that shrank it would have the judge's reads of it fault (SIGBUS).
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         elif os.fstat(fd).st_size < size:
             os.close(fd)
             raise ValueError("a shared buffer smaller than its description")

@@ -31,11 +31,15 @@ opens the gate after ``_HOST_WAIT_S`` and the rest is timed).
 
 On the CPU the judge's own clock brackets the same steps (``_call_cpu``): the inputs copied in, the
 worker's forward and its copy of the outputs into the judge's buffers, the judge's snapshot.
+
+Why one module: the calls, the calibration and the timing share the clock's sequence above, and a
+reader checking that no time can be taken off a candidate's work must see all of it in one place.
 """
 
 from __future__ import annotations
 
 import secrets
+import socket
 import statistics
 import time
 
@@ -54,6 +58,7 @@ from protocol import (
     Findings,
     Flags,
     Go,
+    OutputRef,
     ProtocolError,
     Settled,
     Stop,
@@ -101,10 +106,16 @@ class Judge:
         self._flush: torch.Tensor | None = None
         self._flush_bytes = 0
         self._host_buffers: list[exchange.HostBuffer] = []  # kept mapped while the worker uses them
+        self._loopback: tuple | None = None  # (the CPU) a socket of the judge's own, for ``_own_share``
         if self.cuda:
             self.stream = torch.cuda.current_stream(self.device)
             self.gate = torch.zeros(1, dtype=torch.int32, pin_memory=True)
             self.gate_address = self.memory.host_pointer(self.gate)
+        else:
+            # One thread of the judge's own: an OpenMP pool's threads spin on after each parallel region
+            # (the reference's run, just before a call), and on a small machine took the processors the
+            # worker's own parallel regions wait for (a fused C++ kernel timed 5 ms instead of 0.5).
+            torch.set_num_threads(1)
 
     # ------------------------------------------------------------------ the worker
 
@@ -147,10 +158,46 @@ class Judge:
         return records
 
     def _null_call(self) -> CallRecord:
-        """An empty call (no model runs; the worker only says it is done) on fresh inputs: the round trip."""
+        """An empty call on fresh inputs: the round trip a call's time is taken less.
+
+        On a GPU, through the worker (a ``Go`` with no forward): the device's own work for a call, the
+        switch to the worker's context and back included, none of which a worker can leave out while
+        computing anything. On the CPU, the judge's own share alone (``_own_share``): what a worker does
+        between ``Go`` and ``Done`` it may do otherwise (watch the inputs land and answer before ``Go``),
+        so none of it is taken out."""
         staging = self.reference.make_inputs(secrets.randbits(31))
-        record, _ = self._call("calibration", staging, self.reference.run(staging, precise=False), null=True)
+        expected = self.reference.run(staging, precise=False)
+        if not self.cuda:
+            return self._own_share(staging, expected)
+        record, _ = self._call("calibration", staging, expected, null=True)
         return record
+
+    def _own_share(self, staging: list, expected: tuple) -> CallRecord:
+        """(The CPU.) What ``_call_cpu`` does but for the worker's part: the inputs copied in, a ``Go``
+        sent and a ``Done`` received (this one already waiting, on a socket of the judge's own), the
+        outputs copied out of the spill buffers."""
+        sequence, outputs, _ = expected
+        layout = self._layout(staging, outputs)
+        if self._loopback is None:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self._loopback = (protocol.Link(ours, accept_fds=False), theirs)
+        link, theirs = self._loopback
+        self._k += 1
+        go = Go(k=self._k, layout=layout.number, values=[None if isinstance(x, torch.Tensor) else _plain(x) for x in staging],
+                null=True)
+        theirs.send(Done(k=go.k, sequence=sequence, outputs=[
+            OutputRef(dtype=_dtype(t), shape=list(t.shape), stride=list(t.stride()), spilled=True) for t in layout.spill]).encode())
+        self._flush_buffer().bitwise_not_()
+        started = time.perf_counter_ns()
+        for shared, x in zip(layout.inputs, staging):
+            if shared is not None:
+                shared.copy_(x)
+        link.send(go)
+        done, _ = link.recv(Done)
+        copies = [src.clone() for src in self._sources(done, layout)]  # noqa: F841 - the judge's copy-out, as in a call
+        raw_ms = (time.perf_counter_ns() - started) / 1e6
+        theirs.recv(protocol.MAX_MESSAGE)  # the Go, sent to nobody
+        return CallRecord(k=go.k, kind="calibration", time_ms=raw_ms)
 
     def _trials(self, req: Drive) -> list[CallRecord]:
         records = []
@@ -164,11 +211,12 @@ class Judge:
         return records
 
     def _time(self, req: Drive) -> list[CallRecord]:
-        """The timed calls, each after an empty one. A call's time is its round trip less the median
-        empty one: the one calibrated before any candidate code existed in the worker, or the median of
-        those beside the timed calls where it is lower (the device may have settled since). Never the
-        higher: empty calls made now go through a worker that may hold candidate code, which could make
-        them slow to lower its times; making them fast only raises its times."""
+        """The timed calls, each after an empty one (``_null_call``). A call's time is its round trip
+        less the median empty one. On a GPU: the one calibrated before any candidate code existed in the
+        worker, or the median of those beside the timed calls where it is lower (the device may have
+        settled since); never the higher, since empty calls made now go through a worker that may hold
+        candidate code, which could make them slow to lower its times (making them fast only raises its
+        times). On the CPU the empty calls are the judge's alone: those beside the timed calls decide."""
         if self.calibration_ms is None:
             raise WorkerFailed("the round trip was not calibrated before timing")
         checked = set(secrets.SystemRandom().sample(range(req.calls), min(req.checked, req.calls)))
@@ -184,7 +232,8 @@ class Judge:
                 records.append(record)
                 if not record.verdict.correct:
                     break
-        round_trip = min(self.calibration_ms, statistics.median(r.time_ms for r in beside))
+        beside_ms = statistics.median(r.time_ms for r in beside)
+        round_trip = min(self.calibration_ms, beside_ms) if self.cuda else beside_ms  # the judge's own share: trusted
         for record in records:
             if record.kind == "timed":
                 record.time_ms = max(record.time_ms - round_trip, _FLOOR_MS)
@@ -221,7 +270,8 @@ class Judge:
             raw_ms, done, got = self._call_cuda(go, staging, layout)
         else:
             raw_ms, done, got = self._call_cpu(go, staging, layout)
-        record = CallRecord(k=k, kind=kind, findings=done.findings)
+        # The worker's own findings count on audited calls only, and so much of them at most.
+        record = CallRecord(k=k, kind=kind, findings=_capped(done.findings) if audit else None)
         if audit and done.findings is None:
             record.findings = Findings(torch_ops={"(the audit's findings were not reported: it was interfered with)": 1})
         if kind in ("timed", "calibration"):
@@ -318,10 +368,11 @@ class Judge:
                 pairs.append((source, torch.empty(source.shape, dtype=source.dtype, device=source.device)))
         return pairs
 
-    def _settle(self, k: int, end: torch.cuda.Event) -> None:
-        """Wait until the worker says its device is done with the call, then for the call's last mark.
-        A fault in the worker's kernels is said first: the judge's stream, waiting for the worker's done
-        word, would otherwise wait forever."""
+    def _settle(self, k: int, end: torch.cuda.Event | None = None) -> None:
+        """Wait until the worker says it is done with the call (its device too, and its look around) and
+        waits for the next one; then for the call's last mark. On a GPU a fault in the worker's kernels
+        is said first: the judge's stream, waiting for the worker's done word, would otherwise wait
+        forever. No call starts before: the worker's own work after a call is never in the next's time."""
         try:
             settled, _ = self.link.recv(Settled)
         except (EOFError, ProtocolError) as exc:
@@ -330,7 +381,8 @@ class Judge:
             raise WorkerFailed(f"the worker settled call {settled.k} when call {k} was running")
         if settled.error is not None:
             raise _WorkerRaised(settled.error)
-        end.synchronize()
+        if end is not None:
+            end.synchronize()
 
     def _call_cpu(self, go: Go, staging: list, layout: _Layout):
         flush = self._flush_buffer()
@@ -342,7 +394,9 @@ class Judge:
         self._send(go)
         done = self._receive_done(go.k)
         got = [src.clone() if src.device.type != "meta" else src for src in self._sources(done, layout)]
-        return (time.perf_counter_ns() - started) / 1e6, done, got
+        raw_ms = (time.perf_counter_ns() - started) / 1e6
+        self._settle(go.k)
+        return raw_ms, done, got
 
     def _receive_done(self, k: int, timeout: float | None = None) -> Done:
         try:
@@ -417,6 +471,12 @@ def _verdict(trial: int, expected: tuple, got: tuple, atol: float, rtol: float) 
         if second.correct:
             report = second
     return report
+
+
+def _capped(findings: Findings | None) -> Findings | None:
+    if findings is not None and len(findings.torch_ops) > 32:
+        findings.torch_ops = dict(sorted(findings.torch_ops.items())[:32])
+    return findings
 
 
 def _dtype(t: torch.Tensor) -> str:

@@ -354,8 +354,8 @@ def decode(data: bytes | str | dict, expected: type[Message] | tuple[type[Messag
             raise ProtocolError(f"a message of {len(data)} bytes (at most {MAX_MESSAGE})")
         try:
             data = _json_loads(data)
-        except (ValueError, UnicodeDecodeError):
-            raise ProtocolError("a message that is not JSON") from None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise ProtocolError("a message that is not JSON (or nested too deep)") from None
     classes = expected if isinstance(expected, tuple) else (expected,)
     if not isinstance(data, dict):
         raise ProtocolError("a message that is not an object")
@@ -363,7 +363,10 @@ def decode(data: bytes | str | dict, expected: type[Message] | tuple[type[Messag
     cls = next((c for c in classes if c.__name__ == name), None)
     if cls is None:
         raise ProtocolError(f"a {str(name)[:40]!r} message where {'/'.join(c.__name__ for c in classes)} was expected")
-    return _build(cls, data, cls.__name__)
+    try:
+        return _build(cls, data, cls.__name__)
+    except RecursionError:
+        raise ProtocolError("a message nested too deep") from None
 
 
 def body(answer: Message) -> dict:

@@ -158,10 +158,12 @@ class Worker:
                 self.ops.map(self, message, fds)
             else:
                 self.link.send(self.ops.call(self, message))
-                if self.cuda:  # the call's work is queued: say when the device is done with it, or that it failed
-                    self.link.send(self.ops.settle(self, message.k))
+                # Then, outside the judge's clock: the device done with the call (or failed), a look around,
+                # and word that this process waits for the next call (the judge starts none before).
+                settled = self.ops.settle(self, message.k)
                 self.seen["calls"] += 1
                 self.ops.look_around(self)
+                self.link.send(settled)
         self.kept.clear()
         return ServeAnswer(calls=self.seen["calls"], processes=sorted(self.seen["processes"]),
                            threads=sorted(self.seen["threads"]), modes=sorted(self.seen["modes"]))
@@ -251,6 +253,8 @@ class Worker:
 
     def _settle(self, k: int) -> Settled:
         """Wait for the device to finish this process's work (after ``Done``: outside the judge's clock)."""
+        if not self.cuda:
+            return Settled(k=k)
         try:
             torch.cuda.synchronize(self.device)
         except BaseException as exc:  # a fault in the candidate's kernels: this process's context is lost

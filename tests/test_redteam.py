@@ -1,0 +1,186 @@
+"""Red-team attacks on the trusted evaluation (issue 32's judge/worker split), on the CPU.
+
+Each test states what the harness MUST do with one attack (a fixture tests/candidates/triton/redteam_*.py);
+a working attack shows up as a failing test. The source rules are switched off (``past_rules``) so that
+the architecture alone is tested: reflection, gc, sys.modules, sockets, os and ctypes inside the worker.
+Written by a red-team pass on the first version of the judge, where five of them broke it (an answer
+queued before its ``Go`` was timed below its work; a malformed answer line raised out of ``evaluate``,
+which the pool answers as the evaluator's fault); they hold since.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from test_evaluation import (  # noqa: F401 - fixtures, found by pytest by name
+    SETTINGS,
+    Deadline,
+    assert_honest,
+    assert_rejected,
+    baselines,
+    jobs,
+    kill_candidate,
+    make_job,
+    past_rules,
+    why,
+)
+
+from kernel_env.evaluators import harness
+from kernel_env.evaluators.harness import evaluate
+from kernel_env.evaluators.records import Mode
+from kernel_env.runtime.pool import LocalPool
+
+#: Timed like the default protocol (30 timed calls): the attacks' medians are less noisy on a busy 2-core machine.
+TIMED = SETTINGS.model_copy(update={"timed_calls": 30})
+
+
+def _profile(jobs, name: str, settings=TIMED):
+    jobs.ensure_baselines()
+    started = time.monotonic()
+    result = jobs._evaluate("triton", name, Mode.PROFILE, settings)
+    print(f"\n{name}: {time.monotonic() - started:.1f}s\n{why(result)}\nsteps: {result.steps_s}")
+    if result.runtime is not None:
+        print(f"runtime {result.runtime}")
+    return result
+
+
+# ============================================================================ the clock
+
+
+def test_answering_a_timed_call_before_its_go_is_timed_whole(jobs, past_rules):
+    """The worker computes as soon as the inputs land in the memfd and queues ``Done`` before the judge
+    sends ``Go``: the worker's whole standard round trip, calibrated out of every timed call, was never
+    spent. The early answer runs eager's own ops: it must not be timed faster than about eager."""
+    result = _profile(jobs, "redteam_done_before_go")
+    if result.correct:
+        assert result.runtime_ms >= 0.5 * result.eager_ms, why(result)
+    else:
+        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness")
+
+
+@pytest.fixture(scope="module")
+def control(jobs):
+    """Eager's own ops in the unaudited calls, timed through the worker's standard path: the yardstick."""
+    jobs.wait_all()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness, "check_sources", lambda snapshot: [])
+        return _profile(jobs, "redteam_torch_control")
+
+
+def test_control_runs_eager_ops_at_about_eager_speed(control):
+    assert control.correct, why(control)
+
+
+def test_answering_a_timed_call_before_its_go_is_no_faster_than_the_same_work(jobs, past_rules, control):
+    result = _profile(jobs, "redteam_done_before_go")
+    if result.correct:
+        assert result.runtime_ms >= 0.5 * control.runtime_ms, (why(result), control.runtime_ms)
+    else:
+        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness")
+
+
+# ============================================================================ the harness's reads of a child's answers
+
+
+@pytest.mark.parametrize("name", ["redteam_reply_non_ascii_mac", "redteam_reply_nested_json"])
+def test_a_malformed_answer_line_is_the_candidates_fault_and_never_raises(jobs, past_rules, name):
+    """evaluate() must return a result: an exception out of it is answered by the pool as the
+    evaluator's fault (pool._error), which pays no -1."""
+    job = make_job(jobs.snapshot("triton", name), "triton", Mode.VERIFY)
+    try:
+        result = evaluate(job, baselines=jobs.baselines)
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"evaluate() raised {type(exc).__name__}: {str(exc)[:200]}; the pool answers that with "
+                    "fault='evaluator' (reward 0 instead of -1)")
+    assert_rejected(result, "did not write", "broke the protocol")
+
+
+def test_through_the_pool_a_malformed_answer_line_is_not_the_evaluators_fault(jobs, past_rules):
+    pool = LocalPool(["cpu"], jobs_per_cpu=1, baselines=jobs.baselines)
+    try:
+        result = pool.submit(make_job(jobs.snapshot("triton", "redteam_reply_non_ascii_mac"), "triton", Mode.VERIFY)).result(timeout=300)
+    finally:
+        pool.close()
+    print(why(result))
+    assert_rejected(result, "did not write", "broke the protocol")
+
+
+def test_computing_a_timed_call_before_its_go_and_answering_at_once_is_no_faster_than_the_same_work(jobs, past_rules, control):
+    """The same, waiting for the real Go (what a nonce in Go would force): the worker's standard round
+    trip is still taken out of a call that never spent it."""
+    result = _profile(jobs, "redteam_precompute_before_go")
+    if result.correct:
+        assert result.runtime_ms >= 0.5 * control.runtime_ms, (why(result), control.runtime_ms)
+    else:
+        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness")
+
+
+# ============================================================================ the shared memory
+
+
+def test_truncating_the_shared_memfd_is_the_candidates_fault(jobs, past_rules):
+    job = make_job(jobs.snapshot("triton", "redteam_truncate_memfd"), "triton", Mode.VERIFY)
+    try:
+        result = evaluate(job, baselines=jobs.baselines)
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"evaluate() raised {type(exc).__name__}: {str(exc)[:300]}")
+    print(why(result))
+    # The memfd's size is sealed: the worker's ftruncate is refused (EPERM) in its own forward.
+    assert_rejected(result, "Operation not permitted", "judge", "protocol", "died")
+
+
+# ============================================================================ the judge's reads of the worker's messages
+
+
+def test_a_done_the_judge_cannot_decode_is_the_candidates_fault(jobs, past_rules):
+    job = make_job(jobs.snapshot("triton", "redteam_done_nested_json"), "triton", Mode.VERIFY)
+    try:
+        result = evaluate(job, baselines=jobs.baselines)
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"evaluate() raised {type(exc).__name__}: {str(exc)[:300]}")
+    print(why(result))
+    assert_rejected(result, "protocol", "RecursionError", "failed")
+
+
+# ============================================================================ the worker's own reports (defence in depth)
+
+
+def test_a_candidate_that_re_signs_the_workers_reports_is_judged_on_its_outputs_alone(jobs, past_rules):
+    """The worker's own reports (integrity, threads, modes) are its word: a candidate that finds the
+    channel's key re-signs clean ones (docs/design.md, Known limits: the rules are a sieve). What it
+    cannot forge is the judge's verdict: correct only where every trial's outputs are."""
+    result = jobs._evaluate("triton", "redteam_forged_integrity", Mode.VERIFY)
+    print(why(result))
+    if result.correct:
+        assert result.reward == 1 and len(result.trials) == SETTINGS.trials and all(t.correct for t in result.trials), why(result)
+    else:
+        assert_rejected(result, "the worker.ops was replaced", "left threads running", "threads running beside")
+
+
+def test_answering_before_go_with_the_honest_kernel_is_no_faster_than_the_honest_kernel(jobs, past_rules):
+    honest = _profile(jobs, "honest")
+    result = _profile(jobs, "redteam_done_before_go_triton")
+    assert_honest(honest)
+    if result.correct:
+        # The discount is at most the round trip (~0.4 ms) against ~3 ms: within this machine's noise.
+        assert result.runtime_ms >= 0.8 * honest.runtime_ms, (why(result), honest.runtime_ms)
+    else:
+        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness")
+
+
+def test_findings_flooded_into_every_answer_neither_kill_the_judge_nor_buy_time(jobs, past_rules):
+    """The judge keeps the worker's findings for audited calls alone, and so much of them at most: a flood
+    of them in every Done costs the candidate its own time, nothing of the judge's."""
+    jobs.ensure_baselines()
+    honest = _profile(jobs, "honest")
+    job = make_job(jobs.snapshot("triton", "redteam_findings_flood"), "triton", Mode.PROFILE, TIMED)
+    try:
+        result = evaluate(job, baselines=jobs.baselines)
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"evaluate() raised {type(exc).__name__}: {str(exc)[:300]}")
+    print(why(result)[:600])
+    if result.correct:
+        assert result.runtime_ms >= 0.8 * honest.runtime_ms, (why(result), honest.runtime_ms)
+    else:
+        assert_rejected(result, "torch computes")
