@@ -466,7 +466,7 @@ class Spares:
     def paused(self) -> Iterator[None]:
         """Freeze the spares started so far while the block runs: a timing run meets no work of
         theirs on the processor (on an H100 machine, eight spares importing torch at once put one
-        job's Triton launches past the launch cover, and its time up 3.5x; with the fork server a
+        job's Triton launches late and its time up 3.5x; with the fork server a
         spare's start is a CUDA context, still worth keeping out of a timing run)."""
         with self._lock:
             started = [f.result() for q in self._waiting.values() for f in q if f.done() and f.exception() is None]

@@ -72,7 +72,7 @@ NATIVE_REFUSED = {
     "rdtsc": ("unsigned long long t = __rdtsc();", NATIVE_CLOCK),
     "event-elapsed": ("cudaEventElapsedTime(&ms, a, b);", NATIVE_CLOCK),
     "clock_gettime": ("timespec ts; clock_gettime(1, &ts);", NATIVE_CLOCK),
-    # A host-side computation fed by the copy engines could run beside the launch cover.
+    # A host-side computation fed by the copy engines could run beside the device's work.
     "d2h": ("cudaMemcpyAsync(host, x.data_ptr<float>(), bytes, cudaMemcpyDeviceToHost, stream);", TO_HOST),
     "memcpy-default": ("cudaMemcpy(host, device, bytes, cudaMemcpyDefault);", TO_HOST),
     "host-alloc": ("cudaHostAlloc(&host, bytes, 0);", TO_HOST),

@@ -45,7 +45,7 @@ ALLOWED_ATEN = frozenset({
 
 #: More tensor elements than this handed to the host in one call (copies from the GPU, ``item()``
 #: on any device) are data leaving for a host-side computation (which the copy engines could even
-#: overlap with the launch cover), not a size or a scalar read.
+#: overlap with device work), not a size or a scalar read.
 HOST_COPY_LIMIT = 1024
 
 

@@ -1,9 +1,9 @@
 """Work done outside the timed region, for a kernel of any size: after the 5 trials and 3 warm-ups,
 forward returns a tensor subclass that holds only the inputs (and is honest on the harness's audited
 extra calls, recognised because their inputs repeat the previous call's). Nothing checks the type of
-a timed call's output; the first thing that reads it (the harness's fingerprint, after the end mark
-and after the end-of-call signal the parent brackets) runs the real, slow kernel (slow_honest.py's).
-The marks and the parent's bracket both see a call of microseconds. Must be rejected, or timed
+a timed call's output; the first thing that reads it (once, the harness's fingerprint after the end mark; now the worker's
+share of its outputs, before it says done) runs the real, slow kernel (slow_honest.py's).
+The old marks and the parent's bracket both saw a call of microseconds. Must be rejected, or timed
 honestly (about slow_honest.py's time)."""
 
 # kernels: relu_add.cpp check.h fixtures_binding.cpp misc_fixture.h

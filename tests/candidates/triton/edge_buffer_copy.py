@@ -1,6 +1,6 @@
 """For the task returning (relu(x + y), self.table[:16]): honest, the slice copied by a kernel of
 its own. Must be correct, timed runs included (the reference's buffer must still hold its values
-when the reference's fingerprints are taken, after its baselines were timed)."""
+when the reference's outputs are taken, after its baselines were timed)."""
 
 import torch
 import torch.nn as nn

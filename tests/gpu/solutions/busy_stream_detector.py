@@ -14,7 +14,7 @@ def kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 class ModelNew(nn.Module):
     """Honest Triton while the device is idle (the trials), torch while something runs ahead of
-    the call (the launch cover of a timed call): an audit that met an idle device would never see
+    the call (a timed call queued behind the judge's go): an audit that met an idle device would never see
     the torch. Must be rejected."""
 
     def forward(self, x, y):
