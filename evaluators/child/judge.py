@@ -27,7 +27,7 @@ the worker's kernels cannot run beside it. The host gate (a
 word in pinned memory the stream waits for) lets the whole sequence be queued before any of it
 runs, and the worker queues its forward before the gate opens, so neither process's launch
 latency is in the time (for a forward that waits for its own device work on the host, the judge
-opens the gate after ``_HOST_WAIT_S`` and the rest is timed).
+opens the gate after ``_HOST_WAIT_S`` and the rest is timed; the untimed trials open it at once).
 
 On the CPU the judge's own clock brackets the same steps (``_call_cpu``): the inputs copied in, the
 worker's forward and its copy of the outputs into the judge's buffers, the judge's snapshot.
@@ -101,6 +101,7 @@ class Judge:
         self.flags: exchange.Flags | None = None
         self.layouts: dict[tuple, _Layout] = {}
         self.calibration_ms: float | None = None
+        self.stuck = False  # a call's stream left waiting for the worker (``_call_cuda``): never synchronise again
         self.host_wait_s = _HOST_WAIT_S
         self._k = 0
         self._flush: torch.Tensor | None = None
@@ -131,7 +132,10 @@ class Judge:
         that breaks the protocol or raises ends the phase: ``error`` / ``worker_error`` say why."""
         answer = DriveAnswer()
         self._flush_bytes = req.flush_bytes
-        self.host_wait_s = _HOST_WAIT_S  # each phase's patience (a first call that compiles spends it)
+        # Each phase's patience (a first call that compiles spends it); none for the trials, which are not
+        # timed: a forward's first launch of a kernel loads its module, which waits for the device work
+        # queued before it, the wait for the call's start among it, until the gate opens.
+        self.host_wait_s = 0.0 if req.phase == "trials" else _HOST_WAIT_S
         try:
             if req.phase == "calibrate":
                 answer.calls = self._calibrate(req.calls)
@@ -325,11 +329,12 @@ class Judge:
         behind the closed gate it would wait for the stream that waits for the gate."""
         memory, flags, stream = self.memory, self.flags, self.stream
         self._send(go)
-        try:
-            done = self._receive_done(go.k, timeout=self.host_wait_s)
-        except TimeoutError:
-            done = None
-            self.host_wait_s = _HOST_WAIT_AGAIN_S
+        done = None
+        if self.host_wait_s > 0:
+            try:
+                done = self._receive_done(go.k, timeout=self.host_wait_s)
+            except TimeoutError:
+                self.host_wait_s = _HOST_WAIT_AGAIN_S
         snapshot = self._snapshots(done, layout) if done is not None else None
         nonce = secrets.randbits(31) | 1
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -343,16 +348,26 @@ class Judge:
         memory.write_value(stream, flags.base + exchange.NONCE, nonce)
         memory.write_value(stream, flags.base + exchange.SEQ, go.k)
         memory.wait_value(stream, flags.base + exchange.DONE, nonce, equal=True)
-        if done is None:  # the worker is still in its forward on the host: open the gate, then wait for it
+        try:
+            settled = done is None
+            if settled:  # the worker is still in its forward on the host: open the gate, then wait for it
+                self.gate[0] = go.k
+                done = self._receive_done(go.k)
+                self._settle(go.k)  # its device through the call before anything here may synchronise
+                snapshot = self._snapshots(done, layout)
+            torch.bitwise_not(flush, out=flush)
+            for source, copy in snapshot:
+                _copy(copy, source)
+            end.record(stream)
             self.gate[0] = go.k
-            done = self._receive_done(go.k)
-            snapshot = self._snapshots(done, layout)
-        torch.bitwise_not(flush, out=flush)
-        for source, copy in snapshot:
-            _copy(copy, source)
-        end.record(stream)
-        self.gate[0] = go.k
-        self._settle(go.k, end)
+            if not settled:
+                self._settle(go.k)
+            end.synchronize()
+        except BaseException:
+            # The stream waits for a done word that may never come (the worker failed, or left it): nothing
+            # in this process may synchronise the device again; the job ends, and the process with it.
+            self.stuck = True
+            raise
         return start.elapsed_time(end), done, [copy for _, copy in snapshot]
 
     def _snapshots(self, done: Done, layout: _Layout) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -368,11 +383,11 @@ class Judge:
                 pairs.append((source, torch.empty(source.shape, dtype=source.dtype, device=source.device)))
         return pairs
 
-    def _settle(self, k: int, end: torch.cuda.Event | None = None) -> None:
+    def _settle(self, k: int) -> None:
         """Wait until the worker says it is done with the call (its device too, and its look around) and
-        waits for the next one; then for the call's last mark. On a GPU a fault in the worker's kernels
-        is said first: the judge's stream, waiting for the worker's done word, would otherwise wait
-        forever. No call starts before: the worker's own work after a call is never in the next's time."""
+        waits for the next one. On a GPU a fault in the worker's kernels is said here, before the judge
+        waits for its own stream, which waits for the worker's done word. No call starts before: the
+        worker's own work after a call is never in the next's time."""
         try:
             settled, _ = self.link.recv(Settled)
         except (EOFError, ProtocolError) as exc:
@@ -381,8 +396,6 @@ class Judge:
             raise WorkerFailed(f"the worker settled call {settled.k} when call {k} was running")
         if settled.error is not None:
             raise _WorkerRaised(settled.error)
-        if end is not None:
-            end.synchronize()
 
     def _call_cpu(self, go: Go, staging: list, layout: _Layout):
         flush = self._flush_buffer()

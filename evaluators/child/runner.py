@@ -138,8 +138,9 @@ class Runner:
     def settle(self) -> None:
         """Wait until the device has done everything this process launched: a command's work ends
         with its answer, so a job sharing the device can start timing once the steps in flight have
-        answered (sharing.py)."""
-        if self.device.type == "cuda":
+        answered (sharing.py). Not a judge whose stream was left waiting for a worker that failed mid-call
+        (``Judge.stuck``): it would wait forever, and the job ends with its answer."""
+        if self.device.type == "cuda" and not (self.judge is not None and self.judge.stuck):
             torch.cuda.synchronize(self.device)
 
 

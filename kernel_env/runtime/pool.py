@@ -239,11 +239,9 @@ class RayPool(_QueuedPool):
     worth of jobs and keeps the rest here, in priority order (final evaluations first); what
     several pools send beyond an actor's slots waits in its local pool's queue, in the same order.
 
-    Every ``refresh_s`` seconds, and at once when an actor is lost, the pool compares its actors
-    with the cluster's live nodes and starts those missing: a node that joins is used, a GPU whose
-    actor died is taken up again. A job whose actor dies (killed, out of memory, its node lost) is
-    run again once, on whichever actor has a slot first; if that one dies too, the job is answered
-    with an error (``fault="evaluator"``). Every job is answered, never with an exception.
+    Every ``refresh_s`` seconds, and at once when an actor is lost, the pool starts an actor for
+    each device of the cluster's live nodes that has none. A job whose actor dies (killed, out of
+    memory, its node lost) is run again once, then answered with an error (``fault="evaluator"``).
     """
 
     _no_gpu_message = "the Ray cluster has no GPU: the job asks for device cuda"
@@ -491,22 +489,16 @@ class DeviceWorker:
     """The Ray actor behind RayPool (``ray.remote(DeviceWorker)``, made when a RayPool is): one
     device of the cluster, running a local pool of that device.
 
-    A GPU's actor holds the GPU (``num_gpus=1``: Ray sets its CUDA_VISIBLE_DEVICES) and runs a
-    ``LocalPool`` of it, so the jobs on one GPU of the cluster share it as on a local one: several
-    jobs' untimed steps at once, each timing run alone under the GPU's lease, which only works
-    within one process. The harness starts its isolated children with an environment of its own,
-    so the pool is given the physical GPU id, not the actor's renumbered ``cuda:0``. On a cluster
-    without GPUs there is one actor per node, for its CPU.
+    A GPU's actor holds the GPU (``num_gpus=1``) and runs a ``LocalPool`` of it, given the physical
+    GPU id (the harness starts its children with an environment of its own), so the jobs on one GPU
+    of the cluster share it as on a local one, each timing run alone under the GPU's lease. On a
+    cluster without GPUs there is one actor per node, for its CPU. The actor is asynchronous: what
+    exceeds the local pool's slots waits in its queue, in priority order, whoever sent it. The
+    snapshot travels with the job: no shared file system is needed.
 
-    The actor is asynchronous: any number of calls wait at once, and whatever exceeds the local
-    pool's slots waits in its queue, in priority order, whichever process sent it. The snapshot
-    travels with the job, so no shared file system is needed.
-
-    Ray starts its workers at niceness 15 (``RAY_worker_niceness``), and a process inherits its
-    parent's: the evaluation's children would lose the processor to any busier process of the node
-    (a sandbox's build, another job's untimed step), their launches timed slower. So the actor first
-    brings every thread of its process back to niceness 0 (as root; elsewhere it says how to start
-    the nodes instead).
+    Ray starts its workers at niceness 15 and children inherit it: the evaluation's children would
+    lose the processor to any busier process of the node, their launches timed slower. So the actor
+    first brings its threads back to niceness 0 (``_unnice``).
     """
 
     def __init__(self, jobs: int) -> None:

@@ -70,13 +70,16 @@ RELU_ADD_1M = Task(id="example/relu_add_1M", source="example",
                   code=resolve_task("example/relu_add").code.replace("N = 1 << 24", "N = 1 << 20"))
 
 
-@pytest.mark.parametrize("task", [RELU_ADD, RELU_ADD_1M], ids=["64M", "1M"])
-@pytest.mark.parametrize("solution", ["side_stream", "side_stream_no_wait"])
+@pytest.mark.parametrize(("task", "solution"), [(RELU_ADD, "side_stream"), (RELU_ADD, "side_stream_no_wait"),
+                                                (RELU_ADD_1M, "side_stream_no_wait")],
+                         ids=["side_stream-64M", "side_stream_no_wait-64M", "side_stream_no_wait-1M"])
 def test_side_stream_work_left_running_after_forward_returns_is_timed_or_wrong(pool, tmp_path, task, solution):
     """A kernel on a stream never joined back runs on after the worker says its call is done; one that
     does not wait for the current stream starts before the call's inputs are there. The judge reads the
     outputs once the worker's default stream is through: what it reads is either all there, and the
-    work before it is in the time, or it is not, and the output is wrong. Never correct and fast."""
+    work before it is in the time, or it is not, and the output is wrong. Never correct and fast.
+    (Not the unjoined stream at 1M: its ~3 us kernel is within the noise of the judge's round trip,
+    docs/performance.md, so "timed whole" cannot be told from "fast" there.)"""
     fused = _evaluate(pool, task, _triton_solution(tmp_path, "turn4_fused"), mode=Mode.PROFILE)
     result = _evaluate(pool, task, _triton_solution(tmp_path, solution), mode=Mode.PROFILE)
     assert fused.correct, fused.summary()
