@@ -163,8 +163,10 @@ def test_answering_before_go_with_the_honest_kernel_is_no_faster_than_the_honest
     result = _profile(jobs, "redteam_done_before_go_triton")
     assert_honest(honest)
     if result.correct:
-        # The discount is at most the round trip (~0.4 ms) against ~3 ms: within this machine's noise.
-        assert result.runtime_ms >= 0.8 * honest.runtime_ms, (why(result), honest.runtime_ms)
+        # The discount is at most the judge's round trip (~0.2 ms) against ~3 ms. Two runs' medians on this
+        # small machine differ by up to ~1.6x (seen: 3.5 and 5.0 ms for the same work), hence the half: what
+        # the test catches is the work itself escaping the clock, which would put the time near zero.
+        assert result.runtime_ms >= 0.5 * honest.runtime_ms, (why(result), honest.runtime_ms)
     else:
         assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness")
 
@@ -180,7 +182,7 @@ def test_findings_flooded_into_every_answer_neither_kill_the_judge_nor_buy_time(
     except Exception as exc:  # noqa: BLE001
         pytest.fail(f"evaluate() raised {type(exc).__name__}: {str(exc)[:300]}")
     print(why(result)[:600])
-    if result.correct:
-        assert result.runtime_ms >= 0.8 * honest.runtime_ms, (why(result), honest.runtime_ms)
+    if result.correct:  # as above: the half is two runs' noise on this machine; a time bought would be near zero
+        assert result.runtime_ms >= 0.5 * honest.runtime_ms, (why(result), honest.runtime_ms)
     else:
         assert_rejected(result, "torch computes")
