@@ -45,6 +45,19 @@ def _profile(jobs, name: str, settings=TIMED):
     return result
 
 
+def _answered(jobs, name: str, mode: Mode = Mode.VERIFY, settings=SETTINGS):
+    """The result of evaluating candidate ``name``: evaluate() must return one, since an exception out of
+    it is answered by the pool as the evaluator's fault (pool._error), which pays no -1."""
+    job = make_job(jobs.snapshot("triton", name), "triton", mode, settings)
+    try:
+        result = evaluate(job, baselines=jobs.baselines)
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"evaluate() raised {type(exc).__name__}: {str(exc)[:300]}; the pool answers that with "
+                    "fault='evaluator' (reward 0 instead of -1)")
+    print(why(result)[:600])
+    return result
+
+
 # ============================================================================ the clock
 
 
@@ -85,15 +98,8 @@ def test_answering_a_timed_call_before_its_go_is_no_faster_than_the_same_work(jo
 
 @pytest.mark.parametrize("name", ["redteam_reply_non_ascii_mac", "redteam_reply_nested_json"])
 def test_a_malformed_answer_line_is_the_candidates_fault_and_never_raises(jobs, past_rules, name):
-    """evaluate() must return a result: an exception out of it is answered by the pool as the
-    evaluator's fault (pool._error), which pays no -1."""
-    job = make_job(jobs.snapshot("triton", name), "triton", Mode.VERIFY)
-    try:
-        result = evaluate(job, baselines=jobs.baselines)
-    except Exception as exc:  # noqa: BLE001
-        pytest.fail(f"evaluate() raised {type(exc).__name__}: {str(exc)[:200]}; the pool answers that with "
-                    "fault='evaluator' (reward 0 instead of -1)")
-    assert_rejected(result, "did not write", "broke the protocol")
+    """evaluate() must return a result (``_answered``), and the line is the candidate's fault."""
+    assert_rejected(_answered(jobs, name), "did not write", "broke the protocol")
 
 
 def test_through_the_pool_a_malformed_answer_line_is_not_the_evaluators_fault(jobs, past_rules):
@@ -120,12 +126,7 @@ def test_computing_a_timed_call_before_its_go_and_answering_at_once_is_no_faster
 
 
 def test_truncating_the_shared_memfd_is_the_candidates_fault(jobs, past_rules):
-    job = make_job(jobs.snapshot("triton", "redteam_truncate_memfd"), "triton", Mode.VERIFY)
-    try:
-        result = evaluate(job, baselines=jobs.baselines)
-    except Exception as exc:  # noqa: BLE001
-        pytest.fail(f"evaluate() raised {type(exc).__name__}: {str(exc)[:300]}")
-    print(why(result))
+    result = _answered(jobs, "redteam_truncate_memfd")
     # The memfd's size is sealed: the worker's ftruncate is refused (EPERM) in its own forward.
     assert_rejected(result, "Operation not permitted", "judge", "protocol", "died")
 
@@ -134,12 +135,7 @@ def test_truncating_the_shared_memfd_is_the_candidates_fault(jobs, past_rules):
 
 
 def test_a_done_the_judge_cannot_decode_is_the_candidates_fault(jobs, past_rules):
-    job = make_job(jobs.snapshot("triton", "redteam_done_nested_json"), "triton", Mode.VERIFY)
-    try:
-        result = evaluate(job, baselines=jobs.baselines)
-    except Exception as exc:  # noqa: BLE001
-        pytest.fail(f"evaluate() raised {type(exc).__name__}: {str(exc)[:300]}")
-    print(why(result))
+    result = _answered(jobs, "redteam_done_nested_json")
     assert_rejected(result, "protocol", "RecursionError", "failed")
 
 
@@ -176,12 +172,7 @@ def test_findings_flooded_into_every_answer_neither_kill_the_judge_nor_buy_time(
     of them in every Done costs the candidate its own time, nothing of the judge's."""
     jobs.ensure_baselines()
     honest = _profile(jobs, "honest")
-    job = make_job(jobs.snapshot("triton", "redteam_findings_flood"), "triton", Mode.PROFILE, TIMED)
-    try:
-        result = evaluate(job, baselines=jobs.baselines)
-    except Exception as exc:  # noqa: BLE001
-        pytest.fail(f"evaluate() raised {type(exc).__name__}: {str(exc)[:300]}")
-    print(why(result)[:600])
+    result = _answered(jobs, "redteam_findings_flood", Mode.PROFILE, TIMED)
     if result.correct:  # as above: the half is two runs' noise on this machine; a time bought would be near zero
         assert result.runtime_ms >= 0.5 * honest.runtime_ms, (why(result), honest.runtime_ms)
     else:

@@ -349,8 +349,8 @@ class Judge:
         memory.write_value(stream, flags.base + exchange.SEQ, go.k)
         memory.wait_value(stream, flags.base + exchange.DONE, nonce, equal=True)
         try:
-            settled = done is None
-            if settled:  # the worker is still in its forward on the host: open the gate, then wait for it
+            on_host = done is None
+            if on_host:  # the worker is still in its forward on the host: open the gate, then wait for it
                 self.gate[0] = go.k
                 done = self._receive_done(go.k)
                 self._settle(go.k)  # its device through the call before anything here may synchronise
@@ -360,7 +360,7 @@ class Judge:
                 _copy(copy, source)
             end.record(stream)
             self.gate[0] = go.k
-            if not settled:
+            if not on_host:  # (on the host, it settled above)
                 self._settle(go.k)
             end.synchronize()
         except BaseException:
