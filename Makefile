@@ -1,10 +1,11 @@
 # The README's two commands. Both set kernel_env up first (scripts/setup.sh: system tools,
-# Python 3.12, .venv, torch, `pip install -e '.[test]'`); the set-up is skipped in about a
-# second when pyproject.toml and the Python used have not changed.
+# Python 3.12, .venv, torch, kernel_env); the set-up is skipped in about a second when
+# pyproject.toml and the Python used have not changed and the extras asked for are installed.
 #
-#   make demo   run the bundled example task with its bundled solution: cuda on a GPU machine,
-#               cpp (on the CPU) elsewhere
-#   make test   the CPU test suite (GPU tests: .venv/bin/pytest -m gpu tests/gpu on a GPU machine)
+#   make demo   kernel_env with its base dependencies (no extra), then the bundled example task
+#               with its bundled solution: cuda on a GPU machine, cpp (on the CPU) elsewhere
+#   make test   kernel_env with the test extras (pytest and every other extra's packages), then
+#               the CPU test suite (GPU tests: .venv/bin/pytest -m gpu tests/gpu on a GPU machine)
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -13,17 +14,21 @@ export VENV
 DEMO_LANGUAGE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpp)
 PYTEST_ARGS ?=
 
-.PHONY: help setup demo test
+.PHONY: help setup setup-base demo test
 
 help:
-	@echo "make demo   set up, then run example/relu_add with its bundled $(DEMO_LANGUAGE) solution"
-	@echo "make test   set up, then run the CPU test suite"
-	@echo "make setup  only the set-up (.venv, torch, kernel_env, bubblewrap, ripgrep)"
+	@echo "make demo        set up (base), then run example/relu_add with its bundled $(DEMO_LANGUAGE) solution"
+	@echo "make test        set up (test extras), then run the CPU test suite"
+	@echo "make setup       only the set-up, with the test extras (every extra and pytest)"
+	@echo "make setup-base  only the set-up that make demo needs (kernel_env without extras)"
 
 setup:
+	@bash scripts/setup.sh test
+
+setup-base:
 	@bash scripts/setup.sh
 
-demo: setup
+demo: setup-base
 	$(VENV)/bin/kernel-env run-task example/relu_add --language $(DEMO_LANGUAGE) \
 		--solution examples/relu_add/solutions/$(DEMO_LANGUAGE)
 

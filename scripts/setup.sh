@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Set up kernel_env in ./.venv: what `make demo` and `make test` run first.
 #
+#   scripts/setup.sh              kernel_env and its base dependencies: all `make demo` needs
+#   scripts/setup.sh test [...]   with these extras of pyproject.toml too (`make test`: test, which
+#                                 holds every other extra's packages and pytest)
+#
 #   1. system tools: bubblewrap (the sandbox), ripgrep (the Grep tool), g++ (cpp/cuda builds);
 #      installed with apt-get when missing and we are root, else a note says what is missing
 #   2. a Python 3.12: $PYTHON, python3.12 on PATH, pyenv's 3.12.*, /usr/bin/python3.12
 #   3. .venv: with --system-site-packages when that Python already has a usable torch (a GPU
 #      machine's CUDA build is kept, never replaced)
 #   4. torch: kept if importable at >= $TORCH_MIN, else $TORCH_SPEC (torch==2.13.0) is installed
-#   5. pip install -e '.[test]'
+#   5. pip install -e '.[EXTRAS]' (-e . without extras)
 #
-# Idempotent and fast: a stamp in .venv keyed on pyproject.toml and the Python used skips steps
-# 3-5 when nothing changed. Never asks questions (CI has no stdin). Shows its progress: a line
-# per step with the seconds since the start, and pip's own output (a line per package it
-# collects, downloads and installs; its download bar on a terminal), so a log is never silent
-# for the minutes torch takes.
+# Idempotent and fast: a stamp in .venv keyed on pyproject.toml and the Python used, which lists
+# the extras installed, skips steps 3-5 when nothing changed and the extras asked for are there (a
+# venv set up for the tests serves the demo; the demo's gets the test extras added). Never asks
+# questions (CI has no stdin). Shows its progress: a line per step with the seconds since the
+# start, and pip's own output (a line per package it collects, downloads and installs; its
+# download bar on a terminal), so a log is never silent for the minutes torch takes.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -79,12 +84,13 @@ find_python312() {
        Install one (pyenv install 3.12, or apt-get install python3.12 python3.12-venv) or point PYTHON at it: make PYTHON=/path/to/python3.12 test"
 }
 
-# prints the installed torch version of a Python, or nothing (reads metadata: no slow import)
-torch_version() {
-  "$1" -c 'import importlib.metadata as m
-try: print(m.version("torch"))
-except m.PackageNotFoundError: pass' 2>/dev/null || true
+# dist_version PYTHON NAME: the installed version of a distribution, or nothing (reads metadata: no slow import)
+dist_version() {
+  "$1" -c 'import importlib.metadata as m, sys
+try: print(m.version(sys.argv[1]))
+except m.PackageNotFoundError: pass' "$2" 2>/dev/null || true
 }
+torch_version() { dist_version "$1" torch; }
 
 at_least() {  # at_least VERSION MINIMUM, comparing major.minor (2.14.1+cu130 >= 2.11)
   awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, "."); split(b, y, "."); exit !(x[1] * 1000 + x[2] >= y[1] * 1000 + y[2]) }'
@@ -94,14 +100,29 @@ at_least() {  # at_least VERSION MINIMUM, comparing major.minor (2.14.1+cu130 >=
 system_tools
 
 PY312=$(find_python312)
+known=$("$PY312" -c 'import tomllib
+print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"])')
+for extra in "$@"; do  # pip would only warn about an extra pyproject.toml lacks
+  [[ " $known " == *" $extra "* ]] || die "pyproject.toml has no extra '$extra' (it has: $known)"
+done
+
+# The stamp: this key on its first line, the extras installed on its second.
 KEY="$(sha256sum pyproject.toml | cut -d' ' -f1) $PY312 $TORCH_SPEC"
-if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ]; then
-  say "set-up is up to date ($VENV, $("$VENV/bin/python" --version), torch $(torch_version "$VENV/bin/python"))"
+stamp_key='' stamp_extras=''
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ]; then
+  stamp_key=$(sed -n 1p "$STAMP") stamp_extras=$(sed -n 2p "$STAMP")
+fi
+missing=()
+for extra in "$@"; do [[ " $stamp_extras " == *" $extra "* ]] || missing+=("$extra"); done
+if [ "$stamp_key" = "$KEY" ] && [ ${#missing[@]} -eq 0 ]; then
+  extras=${stamp_extras:+, extras: $stamp_extras}
+  say "set-up is up to date ($VENV, $("$VENV/bin/python" --version), torch $(torch_version "$VENV/bin/python")$extras)"
   exit 0
 fi
 
 if [ ! -x "$VENV/bin/python" ] || ! is_python312 "$VENV/bin/python"; then
   rm -rf "$VENV"
+  stamp_extras=''
   base_torch=$(torch_version "$PY312")
   if [ -n "$base_torch" ] && at_least "$base_torch" "$TORCH_MIN"; then
     say "creating $VENV from $PY312 with its site-packages (it has torch $base_torch, which is kept)"
@@ -121,8 +142,21 @@ else
   pip_install "$TORCH_SPEC"
 fi
 
-say "installing kernel_env (editable) with its test dependencies"
-pip_install -e '.[test]'
+# The extras asked for and those the venv has (a changed pyproject.toml may have changed their pins).
+extras=$(printf '%s\n' $stamp_extras "$@" | sort -u | xargs)
+# kernel_env's editable wheel is built with the venv's setuptools when that one can (torch brings it on
+# Python 3.12): pyproject.toml's build-system asks for setuptools>=69 and wheel, and setuptools >= 70.1
+# builds wheels itself. Else pip builds in an isolated environment it installs first (about 5 s more here).
+isolation=()
+setuptools=$(dist_version "$PY" setuptools)
+[ -n "$setuptools" ] && at_least "$setuptools" 70.1 && isolation=(--no-build-isolation)
+if [ -n "$extras" ]; then
+  say "installing kernel_env (editable) with the extras: $extras"
+  pip_install "${isolation[@]}" -e ".[${extras// /,}]"
+else
+  say "installing kernel_env (editable) with its base dependencies (make test adds the test extras)"
+  pip_install "${isolation[@]}" -e .
+fi
 "$VENV/bin/kernel-env" --version >/dev/null || die "kernel-env does not start after the install"
-printf '%s' "$KEY" > "$STAMP"
-say "done: $VENV ($("$PY" --version), torch $(torch_version "$PY"))"
+printf '%s\n%s\n' "$KEY" "$extras" > "$STAMP"
+say "done: $VENV ($("$PY" --version), torch $(torch_version "$PY")${extras:+, extras: $extras})"

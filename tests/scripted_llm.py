@@ -66,16 +66,16 @@ def usage(request: dict, message: dict) -> dict:
 
 
 class ScriptedLLM:
-    """Serves ``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1 (a free port), and
-    HTTP 404 anywhere else, as vLLM does (so an address without ``/v1`` is answered 404)."""
+    """Serves ``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1 (``port``; 0: a free
+    one), and HTTP 404 anywhere else, as vLLM does (so an address without ``/v1`` is answered 404)."""
 
-    def __init__(self, handler: Callable[[dict], Reply], *, model: str = "scripted-model"):
+    def __init__(self, handler: Callable[[dict], Reply], *, model: str = "scripted-model", port: int = 0):
         self.handler = handler
         self.model = model
         self.requests: list[dict] = []
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._make_handler())
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._make_handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="scripted-llm", daemon=True)
 

@@ -9,41 +9,55 @@ workspace, its sandbox and the evaluations are the environment's, exactly as in
 ``kernel_env.make``), appends the results and samples again, until the model stops calling tools
 or its token budget is spent. ``get_reward`` then returns what the episode paid: the trusted
 harness's final evaluation (``Finish``; a rollout that ended without it is truncated, so what its
-workspace holds is rebuilt and evaluated the same way).
+workspace holds is rebuilt and evaluated the same way). The final evaluations run in the
+background, several at once (``KernelAgentTools`` says how and why that changes no reward).
 
 Two ways to run it::
 
     # CPU smoke run (what tests/test_trl_grpo.py runs): a random-weight 2-layer model built here,
     # whose vocabulary holds whole tool calls (see ``tiny_model``); a few optimiser steps on cpp.
-    python examples/train/trl_grpo.py --task example/relu_add --language cpp --device cpu \\
+    .venv/bin/python examples/train/trl_grpo.py --task example/relu_add --language cpp --device cpu \\
         --steps 2 --num-generations 4 --max-tool-rounds 2 --short-protocol
 
     # A real model generating on a vLLM server (TRL's server mode), this process training on its
     # own GPU and the harness evaluating on two others (docs/trainers.md: the recipe, the flags):
     CUDA_VISIBLE_DEVICES=0 VLLM_SERVER_DEV_MODE=1 vllm serve Qwen/Qwen3-8B --max-model-len 65536 \\
         --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs --max-logprobs -1
-    CUDA_VISIBLE_DEVICES=1,2,3 python examples/train/trl_grpo.py --model Qwen/Qwen3-8B \\
+    CUDA_VISIBLE_DEVICES=1,2,3 .venv/bin/python examples/train/trl_grpo.py --model Qwen/Qwen3-8B \\
         --base-url http://localhost:8000 --harness-devices cuda:1,cuda:2 --task example/relu_add \\
-        --steps 200 --num-generations 8 --max-completion-length 32768
+        --steps 200 --num-generations 8 --max-completion-length 32768 --output-dir qwen3_8b_grpo
 
-``--episodes-out FILE`` writes one JSON line per finished episode: its reward and the final
-evaluation's record (``EvalResult.summary()``), in the order TRL scored them.
+What a run keeps, in ``--output-dir``: a checkpoint every ``--save-steps`` steps and at the end
+(``checkpoint-N``: weights, optimiser, scheduler, RNG and trainer state; the newest
+``--save-total-limit`` kept), the final model and tokenizer (``from_pretrained(output_dir)``
+loads them), and ``metrics.jsonl``, every logged entry as a JSON line (``--report-to`` sends them
+to a tracker too). ``--resume`` continues from the newest checkpoint there (``--resume PATH``:
+that one), appending to ``metrics.jsonl`` and ``--episodes-out``. ``--episodes-out FILE`` gets one
+JSON line per finished episode as TRL scores it: the step it was generated for, its reward and the
+final evaluation's record (``EvalResult.summary()``). After a resume, the steps between the
+checkpoint and the crash appear twice: the later lines are the ones the model trained on.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import re
 import sys
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
+from transformers import TrainerCallback
 
 import kernel_env
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.resources import example_dir
+from kernel_env.runtime.episode import language_and_device
 from kernel_env.runtime.pool import LocalPool
 from kernel_env.tools import TOOLS, openai_schema
 
@@ -51,8 +65,22 @@ from kernel_env.tools import TOOLS, openai_schema
 TOOL_NAMES = ["Bash", "Read", "Write", "Edit", "Glob", "Grep", "Finish"]
 
 #: The shortened protocol of the CPU tests: fewer timed calls and no torch.compile baseline.
-SHORT_PROTOCOL = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, 
+SHORT_PROTOCOL = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1,
                               compile_baseline=False)
+
+#: What ``Finish`` answers: the episode is over, its final step is running in the background.
+FINISHED = ("Finished: the episode is over. Your solution is now rebuilt from scratch and evaluated by the trusted "
+            "harness, and that evaluation is your result; nothing you call or write from here on is run or counted.")
+
+#: Why an episode the rollout left open ends (``env.truncate``): the trainer's budget, not the model.
+TRAINER_ENDING = "The rollout ended without Finish (the trainer's budget)."
+
+#: Threads for the episodes' final steps in the background. They mostly wait (on the sandbox's
+#: clean rebuild, on the pool's queue); the pool bounds how many evaluations run at once.
+FINAL_STEP_THREADS = 256
+
+#: Where ``--resume`` without a path looks: the newest ``checkpoint-N`` of ``--output-dir``.
+NEWEST = "newest"
 
 
 # ----------------------------------------------------------------------------- the environment
@@ -74,23 +102,45 @@ class ToolCallError(Exception):
     it in ``tools/failure_frequency``."""
 
 
+#: A step's answer: (observation, reward, terminated, truncated, info).
+Answer = tuple[str, float, bool, bool, dict[str, Any]]
+
+
 class KernelAgentTools:
     """One KernelAgent-v0 episode per rollout, in TRL's ``environment_factory`` shape.
 
     TRL makes a few of these, reuses each across rollouts (``reset``), calls the tool methods with
-    the arguments the model gave, and reads ``get_reward`` once per finished rollout. Every
-    finished episode is appended to ``records``."""
+    the arguments the model gave, and reads ``get_reward`` once per finished rollout, after the
+    whole batch has been generated. Its methods other than the tools are private: TRL offers
+    every public one to the model.
 
-    def __init__(self, env: Any, records: list[dict]):
+    The final step of an episode (the clean rebuild and the trusted evaluation: seconds to minutes)
+    runs in the background on ``Episodes``' threads, so that the batch's episodes are evaluated
+    at once rather than one after another. TRL calls one rollout's tools at a time and needs each
+    result before the next, so only what no rollout waits for can overlap: ``Finish`` starts the
+    final step and answers at once (``FINISHED``); the batch's first ``get_reward`` starts it for
+    every episode still open (``env.truncate``), and each ``get_reward`` waits for its own.
+
+    Deferring the final report costs the training nothing: after ``Finish`` the episode is over,
+    nothing the model does afterwards is run or paid (later tool calls are refused without
+    reaching the environment), the report's tokens are a tool result, which TRL masks out of the
+    loss, and the reward is the same number, read from the same final step, only later. The one
+    ending not deferred is the turn limit's, a tool call whose output the model must see first."""
+
+    def __init__(self, env: Any, episodes: Episodes):
         self.env = env
-        self.records = records
+        self.episodes = episodes
         self.returned = 0.0
         self.info: dict[str, Any] = {}
         self.ended_by: str | None = None
+        self.ending: Future[Answer] | None = None  # the final step, running in the background
+        self.ending_cause = ""
 
     def reset(self, task: str, **row: Any) -> str:
         """Open a fresh episode on the row's task; its prompt is the rollout's first user message."""
-        self.returned, self.info, self.ended_by = 0.0, {}, None
+        if self.ending is not None:  # a final step no reward was read of: it must not race the reset
+            self.ending.result()
+        self.returned, self.info, self.ended_by, self.ending = 0.0, {}, None, None
         prompt, _ = self.env.reset(options={"task": task})
         return prompt
 
@@ -121,56 +171,116 @@ class KernelAgentTools:
 
     @documented
     def Finish(self, summary: str = "") -> str:
-        return self._step("Finish", summary=summary)
+        self._check_open()
+        action = self._action("Finish", summary=summary)
+        try:
+            TOOLS["Finish"].Args.model_validate(action["arguments"])
+        except ValidationError:  # a call the env answers as invalid, and the episode goes on
+            return self._step("Finish", summary=summary)
+        self._end(functools.partial(self.env.step, action), cause="model")
+        return FINISHED
 
     def get_reward(self) -> float | None:
         """What the episode paid; None (TRL drops the rollout) when the evaluator was at fault.
 
-        A rollout that ended without ``Finish`` (the model stopped calling tools, or its token or
-        turn budget ran out) is truncated here (``env.truncate``), so its workspace gets the same
-        final evaluation, paid the same way."""
-        if self.ended_by is None:
-            _, reward, _, _, self.info = self.env.truncate("The rollout ended without Finish (the trainer's budget).")
-            self.returned += reward
-            self.ended_by = "trainer"
+        The batch's first call starts the final step of every episode still open: rollouts that
+        ended without ``Finish`` (the model stopped calling tools, or its token or turn budget ran
+        out) are truncated (``env.truncate``), so their workspace gets the same final evaluation,
+        paid the same way. Each call then waits for its own episode's final step, and raises what
+        that step raised."""
+        self.episodes._end_open()
+        if self.ending is not None:
+            answer, self.ending = self.ending.result(), None
+            self._take(answer, cause=self.ending_cause)
         final = self.info["final"]
         reward = None if self.info["fault"] == "evaluator" else self.returned
-        self.records.append({"task_id": self.info["task_id"], "reward": reward, "ended_by": self.ended_by,
-                             "turns": self.info["turn"], "invalid_calls": self.info["invalid_calls"],
-                             "evaluations": len(self.info["evaluations"]), "final": final})
+        self.episodes._record({"task_id": self.info["task_id"], "step": self.episodes.step, "reward": reward,
+                               "ended_by": self.ended_by, "turns": self.info["turn"],
+                               "invalid_calls": self.info["invalid_calls"],
+                               "evaluations": len(self.info["evaluations"]), "final": final})
         return reward
 
+    @property
+    def _open(self) -> bool:
+        """An episode is open from its reset until its final step starts."""
+        return self.env.episode is not None and self.ended_by is None and self.ending is None
+
+    def _action(self, name: str, **arguments: Any) -> dict[str, Any]:
+        """One tool call as an action; None arguments are left to the tool's defaults."""
+        return {"name": name, "arguments": {key: value for key, value in arguments.items() if value is not None}}
+
+    def _check_open(self) -> None:
+        """Refuse a call after the episode's end, without reaching the environment (its final step may be running)."""
+        if not self._open:
+            raise ToolCallError("The episode has ended (Finish, or its turn limit): stop calling tools.")
+
     def _step(self, name: str, **arguments: Any) -> str:
-        """One tool call as one step of the episode; None arguments are left to the tool's defaults."""
-        if self.ended_by is not None:
-            raise ToolCallError("The episode has ended (its final evaluation is done): stop calling tools.")
-        action = {"name": name, "arguments": {key: value for key, value in arguments.items() if value is not None}}
-        observation, reward, terminated, truncated, self.info = self.env.step(action)
-        self.returned += reward
-        if terminated or truncated:  # truncated: the turn limit, or the evaluator's fault (the env's words)
-            self.ended_by = "model" if terminated else "truncated"
+        """One tool call as one step of the episode."""
+        self._check_open()
+        observation = self._take(self.env.step(self._action(name, **arguments)), cause="model")
         if self.info["tool_results"][0]["is_error"]:
             raise ToolCallError(observation)
         return observation
 
+    def _end(self, final_step: Callable[[], Answer], cause: str) -> None:
+        """Start the episode's final step in the background; ``cause`` says who ended it (``_take``)."""
+        self.ending, self.ending_cause = self.episodes._threads.submit(final_step), cause
+
+    def _take(self, answer: Answer, cause: str) -> str:
+        """Account one step's answer. One that ends the episode says who ended it: ``cause`` (the
+        model by Finish, the trainer by truncating), or "truncated" when a step of the model's ended
+        truncated (the turn limit, or the evaluator's fault: the env's words)."""
+        observation, reward, terminated, truncated, self.info = answer
+        self.returned += reward
+        if terminated or truncated:
+            self.ended_by = cause if terminated or cause == "trainer" else "truncated"
+        return observation
+
 
 class Episodes:
-    """The ``environment_factory``: makes a ``KernelAgentTools`` on its own KernelAgent-v0, keeps
-    them to close at the end, and holds the record of every finished episode."""
+    """The ``environment_factory``: makes a ``KernelAgentTools`` on its own KernelAgent-v0, runs
+    their final steps on its threads, and records every finished episode: in ``records``, and as
+    a JSON line appended to ``out`` as soon as it is scored (a crash loses none).
 
-    def __init__(self, **env_options: Any):
+    ``step`` is the optimiser step whose rollouts are being generated (``RunLog`` keeps it); each
+    record carries it."""
+
+    def __init__(self, out: Path | None = None, **env_options: Any):
+        self.out = out
         self.env_options = env_options
         self.made: list[KernelAgentTools] = []
         self.records: list[dict] = []
+        self.step = 0
+        self._threads = ThreadPoolExecutor(FINAL_STEP_THREADS, thread_name_prefix="trl_grpo-final-step")
 
     def __call__(self) -> KernelAgentTools:
-        tools = KernelAgentTools(kernel_env.make("KernelAgent-v0", tools=TOOL_NAMES, **self.env_options), self.records)
+        tools = KernelAgentTools(kernel_env.make("KernelAgent-v0", tools=TOOL_NAMES, **self.env_options), self)
         self.made.append(tools)
         return tools
 
     def close(self) -> None:
+        """Wait for the final steps still running, close every environment, then raise what a
+        final step raised that no ``get_reward`` read (a crash mid-batch leaves some unread)."""
+        self._threads.shutdown(wait=True)
+        try:
+            for tools in self.made:
+                if tools.ending is not None:
+                    tools.ending.result()
+        finally:
+            for tools in self.made:
+                tools.env.close()
+
+    def _end_open(self) -> None:
+        """Truncate every episode still open, each in the background: they are evaluated at once."""
         for tools in self.made:
-            tools.env.close()
+            if tools._open:
+                tools._end(functools.partial(tools.env.truncate, TRAINER_ENDING), cause="trainer")
+
+    def _record(self, record: dict) -> None:
+        self.records.append(record)
+        if self.out:
+            with self.out.open("a") as out:
+                out.write(json.dumps(record) + "\n")
 
 
 # ----------------------------------------------------------------------------- the tiny model
@@ -181,29 +291,38 @@ def tool_call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-def solution_calls(kernel: str) -> str:
-    """The tool calls that put the bundled cpp solution of relu_add in place, with ``kernel`` as
-    kernels/relu_add.cpp (model_new.py exists, so Write needs a Read of it first)."""
-    solution = example_dir("relu_add") / "solutions" / "cpp"
-    files = {"model_new.py": (solution / "model_new.py").read_text(), "kernels/relu_add.cpp": kernel,
-             "kernels/relu_add_binding.cpp": (solution / "kernels" / "relu_add_binding.cpp").read_text()}
+#: Per language, the line of the bundled relu_add solution that applies the relu, and that line without it.
+RELU_LINES = {"cpp": ("out[i] = v < 0.0f ? 0.0f : v;", "out[i] = v;"),
+              "cuda": ("return v < 0.0f ? 0.0f : v;", "return v;"),
+              "triton": ("tl.where(v < 0, 0.0, v)", "v")}
+
+
+def solution_calls(language: str, forget_relu: bool = False) -> str:
+    """The tool calls that put the bundled ``language`` solution of relu_add in place (model_new.py
+    exists in the workspace, so its Write needs a Read first); with ``forget_relu``, its relu line
+    without the relu: a kernel that builds and runs and is wrong on every negative sum."""
+    solution = example_dir("relu_add") / "solutions" / language
+    files = {path.relative_to(solution).as_posix(): path.read_text() for path in sorted(solution.rglob("*"))
+             if path.is_file() and "__pycache__" not in path.parts}
+    if forget_relu:
+        relu, without = RELU_LINES[language]
+        [name] = [name for name, text in files.items() if relu in text] or [None]
+        if name is None:
+            raise RuntimeError(f"the bundled {language} relu_add solution no longer holds {relu!r}: update trl_grpo.py")
+        files[name] = files[name].replace(relu, without)
     calls = [tool_call("Read", file_path="model_new.py")]
     calls += [tool_call("Write", file_path=path, content=content) for path, content in files.items()]
     return "\n".join(calls)
 
 
-def action_tokens() -> list[str]:
+def action_tokens(language: str = "cpp") -> list[str]:
     """The tiny model's actions, one token each: the correct solution, the same with a kernel that
-    forgets the relu (wrong on every negative sum), and Finish."""
-    kernel = (example_dir("relu_add") / "solutions" / "cpp" / "kernels" / "relu_add.cpp").read_text()
-    relu = "out[i] = v < 0.0f ? 0.0f : v;"
-    if relu not in kernel:
-        raise RuntimeError(f"the bundled relu_add kernel no longer holds {relu!r}: update trl_grpo.py")
-    return [solution_calls(kernel), solution_calls(kernel.replace(relu, "out[i] = v;")), tool_call("Finish", summary="")]
+    forgets the relu, and Finish."""
+    return [solution_calls(language), solution_calls(language, forget_relu=True), tool_call("Finish", summary="")]
 
 
-def tiny_model(seed: int = 0) -> tuple[Any, Any]:
-    """A random-weight 2-layer Qwen3 and a tokenizer made here (nothing is downloaded).
+def tiny_model(seed: int = 0, language: str = "cpp") -> tuple[Any, Any]:
+    """A random-weight 2-layer Qwen3 and a tokenizer made here (nothing is downloaded), acting in ``language``.
 
     The vocabulary is the chat template's structure (the role headers, the tool-response tags,
     the newline between messages), one token per action of ``action_tokens`` (each a whole
@@ -225,7 +344,7 @@ def tiny_model(seed: int = 0) -> tuple[Any, Any]:
     backend.decoder = decoders.Fuse()
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                 for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")])
-    backend.add_tokens([AddedToken(action, special=False, normalized=False) for action in action_tokens()])
+    backend.add_tokens([AddedToken(action, special=False, normalized=False) for action in action_tokens(language)])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="<|im_end|>",
                                         pad_token="<|endoftext|>", padding_side="left")
     tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
@@ -262,47 +381,95 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=1e-6)
     parser.add_argument("--short-protocol", action="store_true",
                         help="the tests' shortened timing protocol (5 timed calls, no torch.compile baseline)")
-    parser.add_argument("--output-dir", default="trl_grpo_output")
-    parser.add_argument("--episodes-out", type=Path, help="write each finished episode's record here (JSON lines)")
+    parser.add_argument("--output-dir", default="trl_grpo_output",
+                        help="checkpoints, the final model and tokenizer, metrics.jsonl")
+    parser.add_argument("--save-steps", type=int, default=50, help="a checkpoint every N steps (and at the end)")
+    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (the newest)")
+    parser.add_argument("--resume", nargs="?", const=NEWEST, metavar="CHECKPOINT",
+                        help="continue from the newest checkpoint in --output-dir (none there: start afresh), or "
+                             "from CHECKPOINT; --steps is the total, counted from the first step")
+    parser.add_argument("--report-to", default="none",
+                        help="trackers for the logged metrics, comma-separated (wandb, tensorboard, trackio, ...)")
+    parser.add_argument("--episodes-out", type=Path,
+                        help="append each finished episode's record here (JSON lines; a run without --resume "
+                             "starts it afresh)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
 
-def build_trainer(args: argparse.Namespace, model: Any = None, tokenizer: Any = None) -> tuple[Any, Episodes]:
+class RunLog(TrainerCallback):
+    """Appends every logged entry to ``<output_dir>/metrics.jsonl`` (with its step), and tells
+    ``Episodes`` which step's rollouts are being generated."""
+
+    def __init__(self, path: Path, episodes: Episodes):
+        self.path, self.episodes = path, episodes
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.episodes.step = state.global_step + 1
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        if state.is_world_process_zero and logs:
+            with self.path.open("a") as out:
+                out.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+
+
+def checkpoint_to_resume(args: argparse.Namespace) -> str | None:
+    """The checkpoint ``--resume`` names: its path, or the newest in ``--output-dir`` (None there: start afresh)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if args.resume != NEWEST:
+        return args.resume
+    newest = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
+    print(f"resuming from {newest}" if newest else f"no checkpoint in {args.output_dir}: starting afresh")
+    return newest
+
+
+def build_trainer(args: argparse.Namespace, model: Any = None, tokenizer: Any = None,
+                  callbacks: list | None = None) -> tuple[Any, Episodes]:
     """The GRPOTrainer and its environment factory. ``model``/``tokenizer`` default to
-    ``args.model`` (loaded by TRL) or, without one, to ``tiny_model``."""
+    ``args.model`` (loaded by TRL) or, without one, to ``tiny_model``; ``callbacks`` are more
+    ``TrainerCallback``s. A run without ``--resume`` starts ``metrics.jsonl`` and ``--episodes-out``
+    afresh; one with it appends to them."""
     import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     if model is None:
-        model, tokenizer = (args.model, None) if args.model else tiny_model(args.seed)
+        model, tokenizer = (args.model, None) if args.model else \
+            tiny_model(args.seed, language_and_device(args.language, args.device)[0])
     tasks = args.task or ["example/relu_add"]
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * len(tasks), "task": tasks})
     config = GRPOConfig(
         output_dir=args.output_dir, max_steps=args.steps, learning_rate=args.learning_rate, seed=args.seed,
         num_generations=args.num_generations, per_device_train_batch_size=args.num_generations,
         max_completion_length=args.max_completion_length, max_tool_calling_iterations=args.max_tool_rounds,
-        logging_steps=1, save_strategy="no", report_to="none", use_cpu=not torch.cuda.is_available(),
+        logging_steps=1, save_strategy="steps", save_steps=args.save_steps, save_total_limit=args.save_total_limit,
+        report_to=args.report_to.split(","), use_cpu=not torch.cuda.is_available(),
         use_vllm=bool(args.base_url), vllm_mode="server", vllm_server_base_url=args.base_url,
     )
+    metrics = Path(args.output_dir) / "metrics.jsonl"
+    for log in filter(None, (metrics, args.episodes_out)):
+        log.parent.mkdir(parents=True, exist_ok=True)
+        if args.resume is None:
+            log.unlink(missing_ok=True)
     pool = LocalPool(devices=args.harness_devices.split(",")) if args.harness_devices else args.pool
-    episodes = Episodes(language=args.language, device=args.device, pool=pool, max_turns=args.max_turns,
-                        settings=SHORT_PROTOCOL if args.short_protocol else None)
+    episodes = Episodes(out=args.episodes_out, language=args.language, device=args.device, pool=pool,
+                        max_turns=args.max_turns, settings=SHORT_PROTOCOL if args.short_protocol else None)
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=dataset,
-                          environment_factory=episodes)
+                          environment_factory=episodes, callbacks=[RunLog(metrics, episodes), *(callbacks or [])])
     return trainer, episodes
 
 
-def run(args: argparse.Namespace, model: Any = None, tokenizer: Any = None) -> tuple[Any, list[dict]]:
-    """Train; returns the trainer and the record of every finished episode, in scoring order."""
-    trainer, episodes = build_trainer(args, model, tokenizer)
+def run(args: argparse.Namespace, model: Any = None, tokenizer: Any = None,
+        callbacks: list | None = None) -> tuple[Any, list[dict]]:
+    """Train, then save the model and tokenizer in ``--output-dir``; returns the trainer and the
+    record of every episode this run finished, in scoring order (``build_trainer`` says the rest)."""
+    trainer, episodes = build_trainer(args, model, tokenizer, callbacks)
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=checkpoint_to_resume(args) if args.resume else None)
     finally:
         episodes.close()
-        if args.episodes_out:
-            args.episodes_out.write_text("".join(json.dumps(record) + "\n" for record in episodes.records))
+    trainer.save_model(args.output_dir)
     for entry in trainer.state.log_history:
         if "reward" in entry:
             print(f"step {entry['step']}: reward {entry['reward']:+.2f} (std {entry['reward_std']:.2f})")

@@ -3,9 +3,10 @@
 The server is ``kernel_env.integrations.openenv`` (the optional extra kernel_env[serve]):
 openenv-core's HTTP and WebSocket protocol, an environment per session over this process's one
 evaluation pool, a session limit, idle timeouts, ``/health``, and a drain on SIGTERM or SIGINT.
-Prints where it listens on stdout once it accepts connections, and a line on stderr when it has
-drained. Exit codes: 0 drained and stopped; 2 usage or environment error (the extra missing, bad
-options, a language the device cannot run, an address that cannot be listened on).
+Prints where it listens on stdout once it accepts connections; on stderr, a line for each client
+gone without closing its session, and one when it has drained. Exit codes: 0 drained and stopped;
+2 usage or environment error (the extra missing, bad options, a language the device cannot run,
+pool devices this machine has not, an address that cannot be listened on).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def serve(
     pool: str = typer.Option("local", "--pool", help="Evaluation pool, one for every session: local (this "
                                                      "machine's GPUs, or its CPU) or ray (a Ray cluster: ray.init's "
                                                      "default address)."),
+    devices: str | None = typer.Option(None, "--devices", help="The local pool's devices, e.g. cuda:1,cuda:2 "
+                                                               "(default: every visible GPU, else the CPU): keep "
+                                                               "the evaluations off the trainer's GPUs."),
     settings_json: options.Settings = None,
     kernelbench: options.KernelBench = None,
 ) -> None:
@@ -65,7 +69,8 @@ def serve(
     try:
         from kernel_env.integrations.openenv import KernelEnvServer, listen
     except ModuleNotFoundError as exc:
-        fail(f"kernel-env serve needs its extra ({exc.name or exc} is missing): pip install 'kernel_env[serve]'")
+        fail(f"kernel-env serve needs its extra ({exc.name or exc} is missing): pip install -e '.[serve]' "
+             "(in the checkout)")
     from kernel_env.runtime.episode import EpisodeError
 
     env_options = {"task": default_task, "language": language.value if language else None,
@@ -75,7 +80,8 @@ def serve(
         env_options["max_turns"] = max_turns
     try:
         server = KernelEnvServer(env.value, max_sessions=max_sessions, idle_timeout_s=idle_timeout or None,
-                                 drain_grace_s=drain_grace, pool=pool, **env_options)
+                                 drain_grace_s=drain_grace, pool=pool,
+                                 devices=devices.split(",") if devices is not None else None, **env_options)
     except (EpisodeError, ValueError) as exc:
         fail(str(exc))
     try:
@@ -88,8 +94,9 @@ def serve(
     def listening(url: str) -> None:
         idle = f"idle timeout {idle_timeout:g} s" if idle_timeout else "no idle timeout"
         named = escape(default_task.id) if default_task else "each reset names one"
+        on = f" on {', '.join(server.pool_devices)}" if server.pool_devices else ""
         out.print(f"kernel-env serve: {server.name} ({server.language} on {server.device}, {sandbox.value} sandbox, "
-                  f"{pool} pool) listening on {url} (WebSocket sessions at {url.replace('http', 'ws', 1)}/ws); "
+                  f"{pool} pool{on}) listening on {url} (WebSocket sessions at {url.replace('http', 'ws', 1)}/ws); "
                   f"at most {max_sessions} sessions, {idle}; task: {named}", soft_wrap=True)
 
     report = server.run(sock, on_listening=listening)

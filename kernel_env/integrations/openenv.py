@@ -7,11 +7,11 @@ episodes over the network while this process keeps the sandboxes and the evaluat
     server = KernelEnvServer("agent", task="example/relu_add", language="cpp", device="cpu")
     server.run(listen("127.0.0.1", 8000), on_listening=print)   # until SIGTERM or SIGINT, then drains
 
-    # the trainer's side, with openenv-core's own client
-    async with GenericEnvClient(base_url="http://127.0.0.1:8000", message_timeout_s=900) as env:
+    # the trainer's side: the typed client (kernel_env.integrations.openenv_client), or any OpenEnv client
+    async with KernelEnvClient(base_url="http://127.0.0.1:8000") as env:
         result = await env.reset(task="example/relu_add")
-        result = await env.step({"tool_calls": [{"name": "Finish", "arguments": {}}]})
-        result.reward, result.done, result.observation["info"]["final"]
+        result = await env.step(KernelAgentAction(tool_calls=[{"name": "Finish", "arguments": {}}]))
+        result.reward, result.done, result.observation.info["final"]
 
 The protocol is openenv-core's (``HTTPEnvServer``): a WebSocket session at ``/ws`` per client
 (``reset``, ``step``, ``state``, ``close`` messages), each with an environment of its own; the
@@ -22,24 +22,35 @@ openenv-core defines them: an episode needs the WebSocket session), ``/schema`` 
 evaluation, the same rewards. Every session's episodes submit to the one pool of this process,
 as in-process episodes do (one pool per machine, not per session).
 
-- ``ToolCallsAction`` / ``CompletionAction``: one step of each environment, carrying what its
-  ``step`` takes.
-- ``KernelObservation``: the environment's text, ``terminated`` / ``truncated`` and its ``info``
-  whole (the tools' schemas at reset; ``final``, ``fault``, ``evaluations``, ``rollout``, ... as
-  in-process), with OpenEnv's ``reward`` and ``done`` (terminated or truncated).
+The types are ``kernel_env.integrations.openenv_client``'s, which the client imports too:
+``KernelAgentAction`` / ``KernelRefineAction`` (one step of each environment, carrying what its
+``step`` takes), ``KernelEnvObservation`` (the environment's text, ``terminated`` / ``truncated``
+and its ``info`` whole, with OpenEnv's ``reward`` and ``done``), ``KernelEnvState``.
+
 - ``KernelEnvironment``: openenv-core's ``Environment`` over one environment instance.
 - ``Sessions``: what the server adds to openenv-core's sessions: idle timeouts, refusing new work
   while draining, and the count of resets and steps in flight.
 - ``KernelEnvServer``: the app (openenv-core's routes, and a ``/health`` that says more), served by
-  uvicorn until SIGTERM or SIGINT, then drained.
+  uvicorn until SIGTERM or SIGINT, then drained; ``app`` (this module's) is one with the defaults,
+  for ``uvicorn kernel_env.integrations.openenv:app`` (openenv.yaml's ``app``), without the drain.
 
 Limits. openenv-core refuses a session over ``max_sessions`` with its ``CAPACITY_REACHED`` error,
-which the client reads as the answer to its first message (``_AnswerBeforeClosing``).
+which the client reads as the answer to its first message (``_WebSocketSessions``).
 An episode whose session sent nothing for ``idle_timeout_s`` (no reset or step running) is
-closed, its sandbox and workspace freed; the session's next step is refused with a message
-saying so, and a reset starts a new episode. openenv-core's own idle reaper is not used: it
+closed, its sandbox and workspace freed; the session's next step is refused (SESSION_IDLE_TIMEOUT),
+and a reset starts a new episode. openenv-core's own idle reaper is not used: it
 measures idleness from the end of the last answer, so it would close a session whose one step ran
 longer than the timeout (a final evaluation waiting for a busy pool).
+
+Errors and dropped clients (``_WebSocketSessions``). openenv-core answers whatever a reset or step
+raises as EXECUTION_ERROR; the server's refusals (``Refused``) are answered with their own code
+(``ErrorCode``: SESSION_IDLE_TIMEOUT, SERVER_DRAINING). A client gone without closing its session
+(killed, its connection lost) is one warning naming the session; the answer a step had for it is
+dropped and the session's episode closed. openenv-core would try to send that answer's error twice
+more, and uvicorn log the exception that escapes: 86 lines for each dropped client.
+
+The pool: this process's shared pool of its kind (``pool``), or a local pool on ``devices`` (cuda:1,
+cuda:2: keep the evaluations off the trainer's GPUs).
 
 Drain (``run`` on SIGTERM or SIGINT): new resets and steps are refused (``/health`` answers 503
 "draining"); steps in flight run on for up to ``drain_grace_s`` and are answered; then the pool is
@@ -50,13 +61,19 @@ every episode is closed.
 
 The server trusts its clients: a reset may name any task the server can resolve (an example, a
 KernelBench id, a task file on the server). Bind it to a private network.
+
+Why one module of this length: the environments, the sessions, the WebSocket middleware and the
+drain act on one another's state (an environment's lock and refusal, the drain's flag, a
+connection's environment); split, each part would reach into the others' internals.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
+import json
 import logging
 import signal
 import socket
@@ -69,85 +86,45 @@ from typing import Any
 
 try:
     import uvicorn
-    from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+    from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
-    from openenv.core.env_server import Action, ConcurrencyConfig, Environment, HTTPEnvServer, Observation, State
+    from openenv.core.env_server import Action, ConcurrencyConfig, Environment, HTTPEnvServer
     from openenv.core.env_server.types import EnvironmentMetadata
+
+    from kernel_env.integrations.openenv_client import (
+        ErrorCode,
+        KernelAgentAction,
+        KernelEnvObservation,
+        KernelEnvState,
+        KernelRefineAction,
+    )
 except ModuleNotFoundError as exc:  # the extra is not installed
     raise ModuleNotFoundError(f"kernel_env.integrations.openenv needs openenv-core and its server ({exc}); "
-                              "install them with: pip install 'kernel_env[serve]'", name=exc.name) from exc
-from pydantic import Field
+                              "install them with: pip install -e '.[serve]' (in the checkout)", name=exc.name) from exc
 
 import kernel_env
 from kernel_env.envs import make
 from kernel_env.envs.common import EpisodeEnv
 from kernel_env.runtime.episode import check_device
-from kernel_env.runtime.pool import shared_pool
+from kernel_env.runtime.pool import GpuPool, LocalPool, shared_pool, visible_gpus
 
 log = logging.getLogger(__name__)
 
 
-# ---------------------------------------------------------------------------------- the types
-
-
-class ToolCallsAction(Action):
-    """A KernelAgent-v0 step: the tool calls of one model turn, run in order; or, with ``truncate``,
-    the end of the episode for a budget the trainer keeps (``KernelAgentEnv.truncate``: the final
-    evaluation runs and pays as at the turn limit)."""
-
-    tool_calls: list[Any] = Field(default_factory=list,
-                                  description="Each call as KernelAgent-v0's step takes it: {\"name\", \"arguments\"}, "
-                                              "an OpenAI or Anthropic tool call, or its JSON string.")
-    truncate: str | None = Field(default=None, description="End the episode now, for this reason (the trainer's "
-                                                           "token or time budget ran out); tool_calls are not run.")
-
-    def payload(self) -> list[Any]:
-        return self.tool_calls
-
-
-class CompletionAction(Action):
-    """A KernelRefine-v0 step: one model completion, with its code in the language's tag or a fenced block."""
-
-    content: str = Field(description="The completion's text.")
-    reasoning_content: str | None = Field(default=None,
-                                          description="The model's reasoning, where the server split it off.")
-
-    def payload(self) -> dict[str, str]:
-        return self.model_dump(include={"content", "reasoning_content"}, exclude_none=True)
-
-
-class KernelObservation(Observation):
-    """What a reset or step answers (``reward`` and ``done`` are OpenEnv's: ``done`` is terminated or truncated)."""
-
-    text: str = Field(default="", description="The environment's text: the prompt, the tools' output, the feedback.")
-    terminated: bool = Field(default=False, description="The episode ended by the agent (Finish, or a fast solution).")
-    truncated: bool = Field(default=False, description="The episode was cut short (the turn limit, an evaluator's "
-                                                       "fault: info['fault'] == 'evaluator', drop it from training).")
-    info: dict[str, Any] = Field(default_factory=dict, description="The environment's info, whole: the tools' schemas "
-                                                                   "at reset; final, fault, evaluations, rollout, ...")
-
-
-class KernelState(State):
-    """A session's environment: its task, where it runs, and whether an episode is open."""
-
-    env: str = Field(description="KernelAgent-v0 or KernelRefine-v0.")
-    task_id: str | None = Field(default=None, description="The task of the current (or next) episode.")
-    language: str
-    device: str
-    max_turns: int
-    episode_open: bool = Field(default=False, description="An episode holds a sandbox and a workspace.")
-    done: bool = Field(default=False, description="The episode has ended.")
-
-
 #: The environments the server runs, by ``--env``: the name and the action of a step.
 ENVIRONMENTS: dict[str, tuple[str, type[Action]]] = {
-    "agent": ("KernelAgent-v0", ToolCallsAction),
-    "refine": ("KernelRefine-v0", CompletionAction),
+    "agent": ("KernelAgent-v0", KernelAgentAction),
+    "refine": ("KernelRefine-v0", KernelRefineAction),
 }
 
 
 class Refused(RuntimeError):
-    """The server will not run this reset or step (draining, an idle episode closed); the message says why."""
+    """The server will not run this reset or step: ``code`` (an ``ErrorCode``) says why, the message
+    what to do."""
+
+    def __init__(self, code: ErrorCode, message: str):
+        super().__init__(message)
+        self.code = code.value
 
 
 # ---------------------------------------------------------------------------------- sessions
@@ -172,11 +149,13 @@ class KernelEnvironment(Environment):
         self.last_active = time.monotonic()
         #: Set when the reaper closed the episode: the idle timeout it passed.
         self.expired_after: float | None = None
+        #: The last reset's or step's refusal, until its answer is sent with the refusal's code (``take_refusal``).
+        self.refusal: Refused | None = None
         self._lock = threading.Lock()
         sessions.add(self)
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, task: str | None = None,
-              **options: Any) -> KernelObservation:
+              **options: Any) -> KernelEnvObservation:
         """Close the session's episode, if any, and open one; ``task`` names its task (a spec the
         server resolves; default: the server's task)."""
         if options:
@@ -187,28 +166,29 @@ class KernelEnvironment(Environment):
             self.expired_after = None
             text, info = self.env.reset(seed=seed, options={"task": task} if task is not None else None)
             self.episode_id = episode_id or uuid.uuid4().hex
-        return KernelObservation(text=text, info=info)
+        return KernelEnvObservation(text=text, info=info)
 
-    def step(self, action: Action, timeout_s: float | None = None, **_: Any) -> KernelObservation:
+    def step(self, action: Action, timeout_s: float | None = None, **_: Any) -> KernelEnvObservation:
         """One step of the episode. ``timeout_s`` (an HTTP request's) is not used: every tool call
         has its own timeout."""
         with self._turn():
             if self.expired_after is not None:
-                raise Refused(f"this session's episode was closed after {self.expired_after:g} s without a message "
+                raise Refused(ErrorCode.SESSION_IDLE_TIMEOUT,
+                              f"this session's episode was closed after {self.expired_after:g} s without a message "
                               "(the server's idle timeout); reset to start a new one")
             reason = getattr(action, "truncate", None)
             text, reward, terminated, truncated, info = \
                 self.env.truncate(reason) if reason else self.env.step(action.payload())
-        return KernelObservation(text=text, terminated=terminated, truncated=truncated, info=info,
-                                 done=terminated or truncated, reward=reward)
+        return KernelEnvObservation(text=text, terminated=terminated, truncated=truncated, info=info,
+                                    done=terminated or truncated, reward=reward)
 
     @property
-    def state(self) -> KernelState:
+    def state(self) -> KernelEnvState:
         env = self.env
-        return KernelState(episode_id=self.episode_id, step_count=env.turn, env=self.name,
-                           task_id=env.task.id if env.task is not None else None, language=env.language,
-                           device=env.device, max_turns=env.max_turns, episode_open=env.episode is not None,
-                           done=env.done)
+        return KernelEnvState(episode_id=self.episode_id, step_count=env.turn, env=self.name,
+                              task_id=env.task.id if env.task is not None else None, language=env.language,
+                              device=env.device, max_turns=env.max_turns, episode_open=env.episode is not None,
+                              done=env.done)
 
     def get_metadata(self) -> EnvironmentMetadata:
         return EnvironmentMetadata(name=self.name, version=kernel_env.__version__,
@@ -221,15 +201,25 @@ class KernelEnvironment(Environment):
             self.env.close()
         self.sessions.discard(self)
 
+    def take_refusal(self) -> Refused | None:
+        """The refusal the answer now being sent carries, if any (``_Connection.coded``); forgotten here."""
+        refusal, self.refusal = self.refusal, None
+        return refusal
+
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
         """A reset or step: admitted (``Sessions.working``), under the lock, and the session's last
-        activity when it ends (set before the lock is let go, so the reaper never sees it stale)."""
-        with self.sessions.working(), self._lock:
-            try:
-                yield
-            finally:
-                self.last_active = time.monotonic()
+        activity when it ends (set before the lock is let go, so the reaper never sees it stale).
+        A refusal is kept for its answer's code (openenv-core answers it as EXECUTION_ERROR)."""
+        try:
+            with self.sessions.working(), self._lock:
+                try:
+                    yield
+                finally:
+                    self.last_active = time.monotonic()
+        except Refused as refusal:
+            self.refusal = refusal
+            raise
 
     def close_if_idle(self, timeout_s: float) -> bool:
         """Close the episode if nothing ran in it for ``timeout_s`` seconds; never under a reset or step."""
@@ -284,8 +274,8 @@ class Sessions:
         """A reset or step: refused while draining, counted in flight until it returns."""
         with self._cv:
             if self.draining:
-                raise Refused("the server is shutting down: it starts no new episode or step; "
-                              "connect to another server")
+                raise Refused(ErrorCode.SERVER_DRAINING, "the server is shutting down: it starts no new episode or "
+                                                         "step; connect to another server")
             self._in_flight += 1
         try:
             yield
@@ -353,15 +343,72 @@ class _Uvicorn(uvicorn.Server):
         return contextlib.nullcontext()
 
 
-async def _client_gone(websocket: WebSocket, exc: WebSocketDisconnect) -> None:
-    """A WebSocket whose client has gone: nothing to answer, and nothing to log."""
+#: Close codes of a WebSocket session that ended as it should: closed by its client (1000; 1001, going
+#: away) or by uvicorn's shutdown at the end of a drain (1012). Any other (1005, 1006: the connection
+#: was lost) is a client gone without closing its session.
+_CLOSED_CLEANLY = frozenset({1000, 1001, 1012})
 
 
-class _AnswerBeforeClosing:
-    """ASGI middleware: a WebSocket that the app closes before the client's first message (openenv-core
-    refuses a session over the limit by sending the error and closing at once) is closed only once
-    that message has come (10 s at most). Otherwise a client that sends its reset after the close
-    finds the connection gone and never reads why; this way the error is the answer to its reset."""
+class _Connection:
+    """One WebSocket connection, as ``_WebSocketSessions`` sees it: the client's address, its
+    session's environment (once openenv-core has made it: ``_OpenEnvServer``), and whether a message
+    other than the handshake has come and whether the client is gone."""
+
+    def __init__(self, scope: dict[str, Any]):
+        host, port = scope.get("client") or ("unknown", 0)
+        self.client = f"{host}:{port}"
+        self.env: KernelEnvironment | None = None
+        self.heard = False
+        self.gone = False
+
+    def __str__(self) -> str:
+        env = self.env
+        if env is None or env.env.episode is None:
+            return f"the session of {self.client} (no episode open)"
+        return f"the session of {self.client} (episode {env.episode_id} of {env.env.task.id}, turn {env.env.turn})"
+
+    def coded(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The WebSocket message with its refusal's code where openenv-core wrote EXECUTION_ERROR."""
+        refusal = self.env.take_refusal() if self.env is not None else None
+        if refusal is None or message.get("text") is None:
+            return message
+        answer = json.loads(message["text"])
+        if answer.get("type") != "error" or answer.get("data", {}).get("message") != str(refusal):
+            return message
+        answer["data"]["code"] = refusal.code
+        return {**message, "text": json.dumps(answer)}
+
+
+#: The WebSocket connection this task serves (set by ``_WebSocketSessions``, read by ``_OpenEnvServer``).
+_connection: contextvars.ContextVar[_Connection | None] = contextvars.ContextVar("kernel_env_connection", default=None)
+
+
+class _OpenEnvServer(HTTPEnvServer):
+    """openenv-core's server, which tells each WebSocket connection its session's environment.
+    ``_create_session`` is openenv-core's own (0.3.0), awaited by its /ws handler in the
+    connection's task; the environment itself is made on another thread, which cannot see it."""
+
+    async def _create_session(self) -> tuple[str, Environment]:
+        session_id, env = await super()._create_session()
+        if (connection := _connection.get()) is not None:
+            connection.env = env
+        return session_id, env
+
+
+class _WebSocketSessions:
+    """ASGI middleware over openenv-core's WebSocket sessions (its /ws handler stays as it is):
+
+    - a refusal (``Refused``) is answered with its own code (``_Connection.coded``);
+    - a client gone without closing its session is one warning naming the session; after that,
+      nothing is sent (an answer is dropped) and the handler's next receive is the disconnect, so
+      the session ends as one whose client left and its episode is closed;
+    - a WebSocket that the app closes before the client's first message (openenv-core refuses a
+      session over the limit by sending the error and closing at once) is closed only once that
+      message has come (10 s at most): otherwise a client that sends its reset after the close
+      finds the connection gone and never reads why; this way the error is the answer to its reset.
+
+    Only a send that fails for the connection (OSError: uvicorn's ClientDisconnected) is taken as
+    the client gone; any other exception is the handler's, and uvicorn logs it."""
 
     def __init__(self, app):
         self.app = app
@@ -369,26 +416,60 @@ class _AnswerBeforeClosing:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "websocket":
             return await self.app(scope, receive, send)
-        heard = False
+        connection = _Connection(scope)
+        _connection.set(connection)
 
-        async def listened():
-            nonlocal heard
+        async def receiving():
+            if connection.gone:
+                return {"type": "websocket.disconnect", "code": 1006}
             message = await receive()
-            heard = heard or message["type"] != "websocket.connect"
+            connection.heard = connection.heard or message["type"] != "websocket.connect"
+            if message["type"] == "websocket.disconnect" and message.get("code") not in _CLOSED_CLEANLY:
+                connection.gone = True
+                log.warning("%s: the client went away without closing it (the connection was lost, WebSocket code "
+                            "%s); its episode is closed", connection, message.get("code"))
             return message
 
-        async def closing_late(message) -> None:
-            if message["type"] == "websocket.close" and not heard:
+        async def sending(message) -> None:
+            if connection.gone:
+                return
+            if message["type"] == "websocket.send":
+                message = connection.coded(message)
+            elif message["type"] == "websocket.close" and not connection.heard:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(receive(), timeout=10)
-            await send(message)
+            try:
+                await send(message)
+            except OSError:
+                connection.gone = True
+                if message["type"] == "websocket.send":
+                    why = ("the drain's grace ended" if connection.env is not None and connection.env.sessions.draining
+                           else "the client went away")
+                    log.warning("%s: %s before the answer to its last message; the answer is dropped and the "
+                                "episode closed", connection, why)
 
-        await self.app(scope, listened, closing_late)
+        await self.app(scope, receiving, sending)
 
 
 async def _refused(request: Request, exc: Refused) -> JSONResponse:
-    """An HTTP request the server will not run: 503 and why (FastAPI would answer a bare 500)."""
-    return JSONResponse({"detail": str(exc)}, status_code=503)
+    """An HTTP request the server will not run: 503, why and the code (FastAPI would answer a bare 500)."""
+    return JSONResponse({"detail": str(exc), "code": exc.code}, status_code=503)
+
+
+def check_pool_devices(devices: list[str], device: str) -> None:
+    """Raise ValueError unless ``devices`` (a local pool's: cpu, cuda:N) are this machine's, each
+    named once (named twice, a device would get two leases, and its timing runs could overlap), and
+    one of them is of the kind the episodes evaluate on (``device``: cuda or cpu)."""
+    present = ["cpu", *visible_gpus()]
+    for name in devices:
+        if name not in present:
+            raise ValueError(f"--devices {','.join(devices)}: this machine has no device {name!r} "
+                             f"(it has {', '.join(present)})")
+    if len(set(devices)) < len(devices):
+        raise ValueError(f"--devices {','.join(devices)}: name each device once")
+    if not any(name.partition(":")[0] == device for name in devices):
+        raise ValueError(f"--devices {','.join(devices)}: the episodes evaluate on {device}, and none of these is "
+                         f"{'a cuda device' if device == 'cuda' else 'cpu'}")
 
 
 class KernelEnvServer:
@@ -397,42 +478,50 @@ class KernelEnvServer:
     ``max_sessions``: WebSocket sessions at once (openenv-core refuses one more);
     ``idle_timeout_s``: an episode with no reset or step for this long is closed (None: never);
     ``drain_grace_s``: how long a drain lets steps in flight run on; ``pool``: the kind of this
-    process's shared pool ("local", "ray"), every session's; ``env_options``: the environment's
+    process's shared pool ("local", "ray"), every session's; ``devices``: instead, a local pool of
+    its own on these devices (``check_pool_devices``); ``env_options``: the environment's
     keyword arguments (task, language, device, sandbox, max_turns, settings, ...), checked here:
     raises what the environment raises for a bad one (ValueError, TaskError), EpisodeError for a
-    language the device cannot run."""
+    language the device cannot run, ValueError for bad devices or devices with a Ray pool."""
 
     def __init__(self, env: str = "agent", *, max_sessions: int = 64, idle_timeout_s: float | None = 1800.0,
-                 drain_grace_s: float = 60.0, pool: str = "local", **env_options: Any):
+                 drain_grace_s: float = 60.0, pool: str = "local", devices: list[str] | None = None,
+                 **env_options: Any):
         if env not in ENVIRONMENTS:
             raise ValueError(f"unknown environment {env!r}; available: {', '.join(ENVIRONMENTS)}")
+        if devices is not None and pool != "local":
+            raise ValueError(f"--devices chooses the local pool's devices; a {pool} pool (--pool {pool}) runs on its "
+                             "cluster's")
         self.name, action = ENVIRONMENTS[env]
         probe = make(self.name, **env_options)  # the options' errors here, not in every session
         check_device(probe.lang, probe.device)
         self.language, self.device = probe.language, probe.device
+        if devices is not None:
+            check_pool_devices(devices, self.device)
         self.drain_grace_s = drain_grace_s
-        self.pool = shared_pool(pool)
+        self.pool_kind = pool
+        self.pool: GpuPool = LocalPool(devices=devices) if devices is not None else shared_pool(pool)
+        #: The local pool's devices (a Ray pool's are its cluster's: None).
+        self.pool_devices: list[str] | None = self.pool.devices if isinstance(self.pool, LocalPool) else None
         self.sessions = Sessions(idle_timeout_s)
         options = dict(env_options, task=probe.task, language=self.language, device=self.device, pool=self.pool)
-        self._openenv = HTTPEnvServer(functools.partial(KernelEnvironment, self.name, self.sessions, options), action,
-                                      KernelObservation,
-                                      concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions))
+        self._openenv = _OpenEnvServer(functools.partial(KernelEnvironment, self.name, self.sessions, options), action,
+                                       KernelEnvObservation,
+                                       concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions))
         self.app = FastAPI(title=f"kernel_env {self.name}", version=kernel_env.__version__)
         # Before openenv-core's routes: this /health is the one that answers (openenv-core's says only "healthy").
         self.app.get("/health", summary="Health, sessions and the drain (503 while draining)")(self.health)
         self._openenv.register_routes(self.app)
-        # openenv-core's /ws handler closes the socket once more after the client has closed it, which
-        # raises WebSocketDisconnect: uvicorn would log a traceback for every session that ends normally.
-        self.app.add_exception_handler(WebSocketDisconnect, _client_gone)
-        self.app.add_exception_handler(Refused, _refused)  # over HTTP; a WebSocket session gets openenv-core's error
-        self.app.add_middleware(_AnswerBeforeClosing)
+        self.app.add_exception_handler(Refused, _refused)  # over HTTP; over a WebSocket, _WebSocketSessions
+        self.app.add_middleware(_WebSocketSessions)
 
     def health(self) -> JSONResponse:
         status = self.sessions.status()
         body = {"status": "draining" if status["draining"] else "healthy", "env": self.name, "language": self.language,
-                "device": self.device, "sessions": self._openenv.active_sessions,
-                "max_sessions": self._openenv.max_concurrent_envs, "episodes": status["episodes"],
-                "in_flight": status["in_flight"], "idle_timeout_s": self.sessions.idle_timeout_s}
+                "device": self.device, "pool": self.pool_kind, "pool_devices": self.pool_devices,
+                "sessions": self._openenv.active_sessions, "max_sessions": self._openenv.max_concurrent_envs,
+                "episodes": status["episodes"], "in_flight": status["in_flight"],
+                "idle_timeout_s": self.sessions.idle_timeout_s}
         return JSONResponse(body, status_code=503 if status["draining"] else 200)
 
     def run(self, sock: socket.socket, *, on_listening: Callable[[str], None] = lambda url: None) -> DrainReport:
@@ -465,3 +554,18 @@ class KernelEnvServer:
         await serving
         await asyncio.to_thread(self.sessions.close_all)
         return DrainReport(episodes=episodes, steps_cut=cut, seconds=time.monotonic() - started)
+
+
+@functools.cache
+def _default_app() -> FastAPI:
+    return KernelEnvServer().app
+
+
+def __getattr__(name: str) -> Any:
+    """``app``: KernelAgent-v0 served with the defaults (every reset names its task), built on first
+    use, for ``uvicorn kernel_env.integrations.openenv:app`` (openenv.yaml's ``app``, which OpenEnv's
+    tools run). ``kernel-env serve`` takes options and drains on SIGTERM, where uvicorn's own
+    shutdown closes every session at once."""
+    if name == "app":
+        return _default_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,173 @@
+"""docs/trainers.md runs as written: every shell block there says, in the comment just above it,
+whether this test runs it on the CPU and how, or why not (``<!-- doc-test: skip: needs a GPU -->``).
+
+- ``run``: the block is run whole by bash (``-euo pipefail``), and must exit 0.
+- ``serve``: the block's last line starts a server: it must print its listening line, answer
+  ``/health``, and drain to exit 0 on SIGTERM.
+- ``model``: the block talks to a model server at the first ``http://localhost:PORT/v1`` it names:
+  a scripted one answers there (every reply calls Finish), the API key variable it names is set,
+  and the block must exit 0.
+- ``installed``: the block's ``pip install -e '.[extra,...]'`` lines name extras that pyproject.toml
+  has, and this environment has their requirements (CI installs the test extras, which hold them
+  all; running pip again would test pip). The other kinds check their ``pip install`` lines so too,
+  and run the rest.
+
+Blocks run the way the page tells a reader to: from the top of a checkout with its venv active
+(the venv's bin/ first on PATH). The checkout is a scratch folder whose entries link to this one's,
+so what a command writes (trl_grpo_output/, a parquet, a log) lands in the scratch folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tomllib
+import urllib.request
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from scripted_llm import Reply, ScriptedLLM
+from support import bubblewrap_skip_reason
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "trainers.md"
+KINDS = ("run", "serve", "model", "installed", "skip")
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str
+    why: str  # a skip's reason
+    code: str
+    line: int  # where the block starts in the page
+
+    def __str__(self) -> str:
+        return f"{self.kind}@{DOC.name}:{self.line}"
+
+
+def blocks(text: str) -> list[Block]:
+    """The page's shell blocks, each with the doc-test comment above it (``kind`` "" when there is none)."""
+    found, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        fence = re.match(r"^(```+)(\w*)\s*$", lines[i])
+        if not fence:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(fence.group(1)))
+        if fence.group(2) in ("bash", "sh", "shell"):
+            above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+            marker = re.match(r"^<!-- doc-test: (\w+)(?::\s*(.*?))? -->$", above.strip())
+            kind, why = (marker.group(1), marker.group(2) or "") if marker else ("", "")
+            found.append(Block(kind, why, "\n".join(lines[i + 1:end]) + "\n", i + 1))
+        i = end + 1
+    return found
+
+
+BLOCKS = blocks(DOC.read_text())
+
+
+def test_every_shell_block_says_whether_it_is_run_and_a_skip_says_why():
+    unmarked = [str(block) for block in BLOCKS if block.kind not in KINDS]
+    assert not unmarked, f"shell blocks without a <!-- doc-test: {'|'.join(KINDS)} --> comment above: {unmarked}"
+    assert all(block.why for block in BLOCKS if block.kind == "skip"), "a skipped block must say why"
+    assert any(block.kind in ("run", "serve") for block in BLOCKS)
+
+
+def checkout(folder: Path) -> Path:
+    """A scratch checkout: every top-level entry of this one, linked."""
+    folder.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in (".git", "trl_grpo_output", "outputs"):
+            (folder / entry.name).symlink_to(entry)
+    return folder
+
+
+def active_venv() -> dict[str, str]:
+    bin_dir = Path(sys.executable).parent
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": sys.prefix}
+
+
+def commands(code: str) -> list[str]:
+    """The block's commands: continuation lines joined, comments and blank lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", code)
+    return [line.split(" #")[0].strip() for line in joined.splitlines() if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.kind == "installed"], ids=str)
+def test_the_extras_a_block_installs_exist_and_are_installed(block: Block):
+    assert extras_installed(block), f"{block}: no `pip install -e '.[extra]'` line"
+
+
+def extras_installed(block: Block) -> list[str]:
+    """The extras the block's ``pip install -e '.[...]'`` lines name, each checked: pyproject.toml has it and
+    this environment satisfies its requirements."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = [extra for command in commands(block.code) if command.startswith("pip install")
+             for group in re.findall(r"-e '\.\[([\w,-]+)\]'", command) for extra in group.split(",")]
+    for extra in named:
+        assert extra in extras, f"{block}: pyproject.toml has no extra {extra!r}"
+        for requirement in map(Requirement, extras[extra]):
+            version = metadata.version(requirement.name)
+            assert requirement.specifier.contains(version, prereleases=True), (block, requirement, version)
+    return named
+
+
+@pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.kind == "run"], ids=str)
+def test_a_block_runs_as_written(block: Block, tmp_path: Path):
+    run_block(block, tmp_path)
+
+
+@pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.kind == "model"], ids=str)
+def test_a_block_talking_to_a_model_server_runs_as_written_against_a_scripted_one(block: Block, tmp_path: Path):
+    port = int(re.search(r"http://localhost:(\d+)/v1", block.code).group(1))
+    key = re.search(r"(?:-k|--api-key-var) (\w+)", block.code)
+    finish = Reply(tool_calls=[{"name": "Finish", "arguments": {}}])
+    with ScriptedLLM(lambda request: finish, port=port) as llm:
+        run_block(block, tmp_path, **({key.group(1): "scripted"} if key else {}))
+    assert llm.requests, f"{block}: the model server was never asked"
+
+
+def run_block(block: Block, tmp_path: Path, **env: str) -> None:
+    """Run the block whole in a scratch checkout (HOME in the scratch folder too: ``~/data/...`` lands there);
+    its ``pip install`` lines are checked (``extras_installed``), not run."""
+    extras_installed(block)
+    code = "\n".join(line for line in block.code.splitlines() if not line.startswith("pip install"))
+    env = {**active_venv(), "HOME": str(tmp_path / "home"), **env}
+    run = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=checkout(tmp_path / "checkout"),
+                         env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert run.returncode == 0, f"{block} exited {run.returncode}:\n{block.code}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+
+
+@pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.kind == "serve"], ids=str)
+def test_a_server_block_starts_answers_and_drains(block: Block, tmp_path: Path):
+    extras_installed(block)
+    *before, server = [c for c in commands(block.code) if not c.startswith("pip install")]
+    folder, env = checkout(tmp_path / "checkout"), active_venv()
+    for command in before:
+        subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=folder, env=env, check=True, timeout=600)
+    log = tmp_path / "server.err"
+    with log.open("w") as err:
+        process = subprocess.Popen(["bash", "-c", f"exec {server}"], cwd=folder, env=env, stdout=subprocess.PIPE,
+                                   stderr=err, text=True)
+    try:
+        line = process.stdout.readline()
+        match = re.search(r"listening on (http://\S+)", line)
+        assert match, f"{block}: `{server}` printed {line!r}; its log:\n{log.read_text()[-3000:]}"
+        with urllib.request.urlopen(f"{match.group(1)}/health", timeout=30) as answer:
+            assert json.load(answer)["status"] == "healthy"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
