@@ -166,4 +166,6 @@ class EvalResult(BaseModel):
             "speedup_vs_eager": self.speedup_vs_eager, "speedup_vs_compile": self.speedup_vs_compile,
             "error": self.error, "fault": self.fault, "violations": self.violations, "snapshot_hash": self.snapshot_hash,
             "close_calls": self.close_calls,
+            # why a candidate that ran was wrong (its first failed trial: how many elements, how far off)
+            "mismatch": next((trial.message for trial in self.trials if not trial.correct), None),
         }

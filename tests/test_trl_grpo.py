@@ -203,6 +203,9 @@ def test_grpo_updates_the_model_on_rewards_from_the_trusted_final_evaluations(tr
     failed = {record["final"]["snapshot_hash"] for record in records if record["final"]["compiled"]
               and not record["final"]["correct"]}
     assert len(passed) == 1 and not passed & failed, (passed, failed)
+    # and the record says why the wrong one is wrong (the relu forgotten: the negative sums are off)
+    assert all("elements outside atol" in record["final"]["mismatch"] for record in records
+               if record["final"]["compiled"] and not record["final"]["correct"]), records
     assert any(record["ended_by"] == "model" for record in records), "no rollout called Finish"
 
     # TRL trained on exactly those rewards, step by step (step 1 in the crashed run's log, which the

@@ -473,6 +473,8 @@ def run(args: argparse.Namespace, model: Any = None, tokenizer: Any = None,
     for entry in trainer.state.log_history:
         if "reward" in entry:
             print(f"step {entry['step']}: reward {entry['reward']:+.2f} (std {entry['reward_std']:.2f})")
+    kept = f"the model and tokenizer, checkpoints and metrics.jsonl in {args.output_dir}"
+    print(f"saved {kept}" + (f"; episodes in {args.episodes_out}" if args.episodes_out else ""))
     return trainer, episodes.records
 
 

@@ -6,6 +6,8 @@ need no task files or KernelBench checkout).
 
     python examples/train/skyrl/prepare_data.py --tasks ~/KernelBench --output ~/data/kernel_env/train.parquet
 
+Written with pyarrow (a base dependency of kernel_env): it needs kernel_env with its `skyrl` extra only.
+
 SkyRL reads the rows with ``datasets`` (``skyrl/train/dataset/dataset.py``, ``PromptDataset``): ``prompt``
 and ``env_class`` are taken out, every other column is the row's ``env_extras`` (here ``task``). It asserts
 the data set has at least ``trainer.train_batch_size`` rows.
@@ -17,7 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
-import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 import kernel_env
 from kernel_env.integrations.skyrl import dataset_rows
@@ -32,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = dataset_rows(kernel_env.load_tasks(args.tasks))
     output = args.output.expanduser()
     output.parent.mkdir(parents=True, exist_ok=True)
-    datasets.Dataset.from_list(rows).to_parquet(output)
+    pq.write_table(pa.Table.from_pylist(rows), output)
     print(f"{len(rows)} task(s) from {args.tasks} written to {output}")
     return 0
 

@@ -18,7 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
-import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 import kernel_env
 from kernel_env.workloads.agent_eval import SYSTEM_PROMPT
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = task_specs(args.tasks)
     output = args.output.expanduser()
     output.parent.mkdir(parents=True, exist_ok=True)
-    datasets.Dataset.from_list(rows(specs)).to_parquet(output)
+    pq.write_table(pa.Table.from_pylist(rows(specs)), output)
     print(f"{len(specs)} task(s) from {args.tasks} written to {output}")
     return 0
 
