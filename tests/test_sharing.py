@@ -361,6 +361,7 @@ def test_a_job_short_of_device_memory_beside_others_is_run_again_alone(monkeypat
 
     monkeypatch.setattr(pool_module, "evaluate", fake_evaluate)
     monkeypatch.setattr(pool_module, "reserve_spares", lambda per_role: None)
+    monkeypatch.setattr(pool_module, "visible_gpus", lambda: ["cuda:0"])  # the GPU this test pretends to have
     jobs = [EvalJob(job_id=name, task_id="t", task_code="", language="triton", device="cuda", mode=Mode.VERIFY,
                     snapshot_dir=Path("/nonexistent")) for name in ("a", "big", "b", "c", "d")]
     with pool_module.LocalPool(["cuda:0"], jobs_per_gpu=3) as pool:

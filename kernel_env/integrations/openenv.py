@@ -106,7 +106,7 @@ import kernel_env
 from kernel_env.envs import make
 from kernel_env.envs.common import EpisodeEnv
 from kernel_env.runtime.episode import check_device
-from kernel_env.runtime.pool import GpuPool, LocalPool, shared_pool, visible_gpus
+from kernel_env.runtime.pool import GpuPool, LocalPool, shared_pool
 
 log = logging.getLogger(__name__)
 
@@ -457,16 +457,8 @@ async def _refused(request: Request, exc: Refused) -> JSONResponse:
 
 
 def check_pool_devices(devices: list[str], device: str) -> None:
-    """Raise ValueError unless ``devices`` (a local pool's: cpu, cuda:N) are this machine's, each
-    named once (named twice, a device would get two leases, and its timing runs could overlap), and
-    one of them is of the kind the episodes evaluate on (``device``: cuda or cpu)."""
-    present = ["cpu", *visible_gpus()]
-    for name in devices:
-        if name not in present:
-            raise ValueError(f"--devices {','.join(devices)}: this machine has no device {name!r} "
-                             f"(it has {', '.join(present)})")
-    if len(set(devices)) < len(devices):
-        raise ValueError(f"--devices {','.join(devices)}: name each device once")
+    """Raise ValueError unless one of ``devices`` is of the kind the episodes evaluate on (``device``:
+    cuda or cpu); ``LocalPool`` refuses devices the machine lacks or names twice."""
     if not any(name.partition(":")[0] == device for name in devices):
         raise ValueError(f"--devices {','.join(devices)}: the episodes evaluate on {device}, and none of these is "
                          f"{'a cuda device' if device == 'cuda' else 'cpu'}")
@@ -500,7 +492,13 @@ class KernelEnvServer:
             check_pool_devices(devices, self.device)
         self.drain_grace_s = drain_grace_s
         self.pool_kind = pool
-        self.pool: GpuPool = LocalPool(devices=devices) if devices is not None else shared_pool(pool)
+        if devices is None:
+            self.pool: GpuPool = shared_pool(pool)
+        else:
+            try:
+                self.pool = LocalPool(devices=devices)
+            except ValueError as exc:  # the local pool's: a device this machine lacks, or one named twice
+                raise ValueError(f"--devices {exc}") from None
         #: The local pool's devices (a Ray pool's are its cluster's: None).
         self.pool_devices: list[str] | None = self.pool.devices if isinstance(self.pool, LocalPool) else None
         self.sessions = Sessions(idle_timeout_s)

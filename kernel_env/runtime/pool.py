@@ -1,13 +1,12 @@
 """GPU evaluation pools: where trusted evaluation jobs run.
 
-``GpuPool.submit(job) -> Future[EvalResult]``. The ``local`` pool runs several jobs on each
-visible GPU at once (on the CPU when there is none), but never a timing run beside
-anything else on its device (evaluators/sharing.py), and every job runs its code in fresh
-isolated child processes (``kernel_env.evaluators.harness``): a CUDA fault, a hang or
-``os._exit`` ends that job alone. The ``ray`` pool runs the same jobs on a Ray cluster, through one
-actor per GPU that runs a local pool of its GPU (``DeviceWorker``). Jobs wait in a priority queue
-(final evaluations first, then FIFO). Every job is answered with an EvalResult, never with an
-exception.
+``GpuPool.submit(job) -> Future[EvalResult]``. The ``local`` pool runs several jobs on each visible
+GPU at once (on the CPU when there is none), but never a timing run beside anything else on its
+device (evaluators/sharing.py), and every job runs its code in fresh isolated child processes
+(``kernel_env.evaluators.harness``): a CUDA fault, a hang or ``os._exit`` ends that job alone. The
+``ray`` pool runs the same jobs on a Ray cluster, through one actor per GPU that runs a local pool of
+its GPU (``DeviceWorker``). Jobs wait in a priority queue (final evaluations first, then FIFO).
+Every job is answered with an EvalResult, never with an exception.
 
 Why one module: the two pools share their queue and their answers, and the Ray pool's actor is a
 local pool on the far side (an actor module of its own would import this one, and this one it).
@@ -142,14 +141,19 @@ class LocalPool(_QueuedPool):
 
     def __init__(self, devices: list[str] | None = None, *, baselines: BaselineCache | None = None,
                  jobs_per_gpu: int | None = None, jobs_per_cpu: int | None = None):
+        present = ["cpu", *(gpus := visible_gpus())]
+        if absent := [d for d in devices or [] if d not in present]:
+            raise ValueError(f"{','.join(devices)}: this machine has no device {absent[0]!r} "
+                             f"(it has {', '.join(present)})")
+        if devices and len(set(devices)) < len(devices):  # named twice: two leases, overlapping timing runs
+            raise ValueError(f"{','.join(devices)}: name each device once")
         super().__init__()
-        self.devices = devices or visible_gpus() or ["cpu"]
+        self.devices = devices or gpus or ["cpu"]
         self.baselines = baselines or BaselineCache()
         self.jobs_per_gpu = jobs_per_gpu or default_jobs_per_gpu()
         self.jobs_per_cpu = jobs_per_cpu or default_jobs_per_cpu()
         slots = {d: self.jobs_per_gpu if d.startswith("cuda") else self.jobs_per_cpu for d in self.devices}
-        #: The shared devices' leases, by device (``DeviceLease.account()``: how each one's time went).
-        # The CPU's lease freezes a step mid-way at once (a frozen process leaves nothing running);
+        #: The shared devices' leases, by device. The CPU's lease freezes a step mid-way at once (a frozen process leaves nothing running);
         # a GPU's lets a step run a second first (a kernel it already launched would run on).
         self.leases = leases = {d: DeviceLease(grace_s=1.0 if d.startswith("cuda") else 0.0)
                                 for d in self.devices if slots[d] > 1}
@@ -171,8 +175,7 @@ class LocalPool(_QueuedPool):
         return any(d.startswith("cuda") for d in self.devices)
 
     def lease_accounts(self) -> dict[str, dict[str, float]]:
-        """How each shared device's lease has spent its time so far, by state (``DeviceLease.account()``);
-        a device running one job at a time has none."""
+        """How each shared device's lease has spent its time, by state (a device of one slot has none)."""
         return {device: lease.account() for device, lease in self.leases.items()}
 
     def _work(self, device: str, lease: DeviceLease | None) -> None:
@@ -196,10 +199,10 @@ class LocalPool(_QueuedPool):
                 future.set_result(result)
 
     def _evaluate(self, job: EvalJob, run_on: str, device: str, lease: DeviceLease | None, future: Future) -> EvalResult:
-        """Evaluate the job, answering as soon as the result is complete (its processes end after
-        that). On a shared GPU, a job that ran out of device memory is not answered but run again
-        with the GPU to itself: the other jobs' memory may have been what it lacked, and an honest
-        kernel must not be judged wrong for that. What the second run says is the answer."""
+        """Evaluate the job, answering as soon as the result is complete (its processes end after that).
+        On a shared GPU, a job that ran out of device memory is not answered but run again with the GPU
+        to itself: the other jobs' memory may have been what it lacked, and an honest kernel must not be
+        judged wrong for that. What the second run says is the answer."""
         options = {"device": run_on, "baselines": self.baselines}
         if lease is None:
             return evaluate(job, **options, answer=future.set_result)
@@ -227,22 +230,19 @@ class LocalPool(_QueuedPool):
 
 
 class RayPool(_QueuedPool):
-    """The same jobs on a Ray cluster: one actor per GPU (``DeviceWorker``), each
-    running a local pool of its GPU, so ``jobs_per_gpu`` jobs share each GPU of the cluster as
-    they share a local one (each timing run alone). A cluster without GPUs gets one actor per
-    node, running ``jobs_per_cpu`` CPU jobs.
+    """The same jobs on a Ray cluster: one actor per GPU (``DeviceWorker``), each running a local pool
+    of its GPU, so ``jobs_per_gpu`` jobs share each GPU of the cluster as they share a local one (each
+    timing run alone). A cluster without GPUs gets one actor per node, running ``jobs_per_cpu`` jobs.
 
-    ``address``: a running cluster (``"auto"``, ``"ray://host:10001"``) or None for this
-    process's Ray (started locally if none is running). The actors are named, in the
-    ``kernel_env`` namespace, so every pool connected to the cluster (a trainer on each of several
-    CPU hosts) sends its jobs to the same ones. This pool sends each actor at most its slots'
-    worth of jobs and keeps the rest here, in priority order (final evaluations first); what
-    several pools send beyond an actor's slots waits in its local pool's queue, in the same order.
+    ``address``: a running cluster (``"auto"``, ``"ray://host:10001"``) or None for this process's Ray
+    (started locally if none is running). The actors are named, in the ``kernel_env`` namespace, so every
+    pool connected to the cluster (a trainer on each of several CPU hosts) sends its jobs to the same
+    ones. This pool sends each actor at most its slots' worth of jobs and keeps the rest here, in priority
+    order (final evaluations first); what several pools send beyond that waits in the actor's queue.
 
-    Every ``refresh_s`` seconds, and at once when an actor is lost, the pool starts an actor for
-    each device of the cluster's live nodes that has none. A job whose actor dies (killed, out of
-    memory, its node lost) is run again once, then answered with an error (``fault="evaluator"``).
-    """
+    Every ``refresh_s`` seconds, and at once when an actor is lost, the pool starts an actor for each
+    device of the cluster's live nodes that has none. A job whose actor dies (killed, out of memory, its
+    node lost) is run again once, then answered with an error (``fault="evaluator"``)."""
 
     _no_gpu_message = "the Ray cluster has no GPU: the job asks for device cuda"
     NAMESPACE = "kernel_env"
