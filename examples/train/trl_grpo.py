@@ -188,13 +188,13 @@ class KernelAgentTools:
         out) are truncated (``env.truncate``), so their workspace gets the same final evaluation,
         paid the same way. Each call then waits for its own episode's final step, and raises what
         that step raised."""
-        self.episodes._end_open()
+        self.episodes.end_open()
         if self.ending is not None:
             answer, self.ending = self.ending.result(), None
             self._take(answer, cause=self.ending_cause)
         final = self.info["final"]
         reward = None if self.info["fault"] == "evaluator" else self.returned
-        self.episodes._record({"task_id": self.info["task_id"], "step": self.episodes.step, "reward": reward,
+        self.episodes.record({"task_id": self.info["task_id"], "step": self.episodes.step, "reward": reward,
                                "ended_by": self.ended_by, "turns": self.info["turn"],
                                "invalid_calls": self.info["invalid_calls"],
                                "evaluations": len(self.info["evaluations"]), "final": final})
@@ -224,7 +224,7 @@ class KernelAgentTools:
 
     def _end(self, final_step: Callable[[], Answer], cause: str) -> None:
         """Start the episode's final step in the background; ``cause`` says who ended it (``_take``)."""
-        self.ending, self.ending_cause = self.episodes._threads.submit(final_step), cause
+        self.ending, self.ending_cause = self.episodes.threads.submit(final_step), cause
 
     def _take(self, answer: Answer, cause: str) -> str:
         """Account one step's answer. One that ends the episode says who ended it: ``cause`` (the
@@ -251,7 +251,7 @@ class Episodes:
         self.made: list[KernelAgentTools] = []
         self.records: list[dict] = []
         self.step = 0
-        self._threads = ThreadPoolExecutor(FINAL_STEP_THREADS, thread_name_prefix="trl_grpo-final-step")
+        self.threads = ThreadPoolExecutor(FINAL_STEP_THREADS, thread_name_prefix="trl_grpo-final-step")
 
     def __call__(self) -> KernelAgentTools:
         tools = KernelAgentTools(kernel_env.make("KernelAgent-v0", tools=TOOL_NAMES, **self.env_options), self)
@@ -261,7 +261,7 @@ class Episodes:
     def close(self) -> None:
         """Wait for the final steps still running, close every environment, then raise what a
         final step raised that no ``get_reward`` read (a crash mid-batch leaves some unread)."""
-        self._threads.shutdown(wait=True)
+        self.threads.shutdown(wait=True)
         try:
             for tools in self.made:
                 if tools.ending is not None:
@@ -270,13 +270,13 @@ class Episodes:
             for tools in self.made:
                 tools.env.close()
 
-    def _end_open(self) -> None:
+    def end_open(self) -> None:
         """Truncate every episode still open, each in the background: they are evaluated at once."""
         for tools in self.made:
             if tools._open:
                 tools._end(functools.partial(tools.env.truncate, TRAINER_ENDING), cause="trainer")
 
-    def _record(self, record: dict) -> None:
+    def record(self, record: dict) -> None:
         self.records.append(record)
         if self.out:
             with self.out.open("a") as out:
