@@ -276,11 +276,11 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec) -
     with contextlib.ExitStack() as stack:
         memory, pool = stack.enter_context(TreeMemory()), stack.enter_context(PoolMeter(evaluator))
         gpus = [stack.enter_context(GpuSampler(period_ms=50, index=index)) for index in range(spec.gpus)]
-        cpu_before, lease_before = _cpu_ticks(), _lease_account(evaluator)
+        cpu_before, lease_before, freezing_before = _cpu_ticks(), _lease_account(evaluator), _freezing_s(evaluator)
         started = time.perf_counter()
         results = await asyncio.gather(*(limited(i) for i in range(count)))
         wall = time.perf_counter() - started
-        cpu_after, lease_after = _cpu_ticks(), _lease_account(evaluator)
+        cpu_after, lease_after, freezing_after = _cpu_ticks(), _lease_account(evaluator), _freezing_s(evaluator)
     evaluator.close()
     if isinstance(evaluator, RayPool):
         import ray
@@ -302,6 +302,10 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec) -
         "gpu_busy_by_gpu": [round(statistics.fmean(per_gpu) / 100, 3) if per_gpu else None for per_gpu in busy],
         "final_evaluations_by_device": dict(sorted(Counter(r.ran_on.rsplit("/", 1)[1] for r in results if r.ran_on).items())),
         "lease_share": lease_share,
+        "freezing_s": round(freezing_after - freezing_before, 1),
+        # The same kernel in every episode: how its final times and rewards spread under this load.
+        "runtime_ms": _quantiles([r.runtime_ms for r in results if r.runtime_ms is not None]),
+        "reward_counts": {str(k): v for k, v in sorted(Counter(r.reward for r in results).items(), key=str)},
         "cpu_busy_fraction": round((cpu_after[0] - cpu_before[0]) / max(cpu_after[1] - cpu_before[1], 1), 3),
         "evaluation_steps_s": _mean_steps(results),
         "errors": len(errors), "error_samples": sorted(set(e or "incorrect" for e in errors))[:3],
@@ -318,6 +322,19 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec) -
 
 def _mean(values) -> float:
     return round(statistics.fmean(values), 2)
+
+
+def _quantiles(values: list[float]) -> dict[str, float] | None:
+    """The 10th, 50th and 90th percentiles."""
+    if len(values) < 2:
+        return {"p10": values[0], "median": values[0], "p90": values[0]} if values else None
+    deciles = statistics.quantiles(values, n=10, method="inclusive")
+    return {"p10": round(deciles[0], 4), "median": round(statistics.median(values), 4), "p90": round(deciles[-1], 4)}
+
+
+def _freezing_s(pool: GpuPool) -> float:
+    """Seconds the pool's timing runs have spent freezing and thawing other jobs' children (local pools)."""
+    return sum(lease.freezing_s for lease in getattr(pool, "leases", {}).values())
 
 
 def _comparisons(runs: list[tuple[str, dict]]) -> list[dict]:
@@ -399,6 +416,9 @@ def main() -> None:
         print(f"{name}: processors busy {row['cpu_busy_fraction']:.0%}; GPU lease: {lease}; "
               f"jobs run again alone, short of device memory: {row['run_again_alone']}; final evaluations on: {devices}")
         print("  final evaluation, mean s: " + ", ".join(f"{step} {s}" for step, s in row["evaluation_steps_s"].items()))
+        times = row["runtime_ms"] or {}
+        print(f"  the candidate's final time, ms: median {times.get('median')} (p10 {times.get('p10')}, p90 {times.get('p90')}); "
+              f"rewards {row['reward_counts']}; freezing and thawing children {row['freezing_s']} s")
     for _, row in runs:
         for sample in row["error_samples"]:
             print(f"error: {sample}")

@@ -18,6 +18,7 @@ answer into the result, and concludes it (``verdict.py``), the one place a rewar
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import shutil
@@ -62,6 +63,10 @@ _PROCESSES_MESSAGE = ("ModelNew started other processes, {when} ({pids} in the e
 _JOB_FOLDER_FLOOR = 1 << 30
 _JOB_FOLDER_MULTIPLE = 4
 _JOB_FOLDER_FILES = 10_000
+#: The tasks this process has screened for trivial answers and found none that passes (a task's
+#: property, not a job's): later jobs of the same task skip the search (0.3 s of a GPU job's
+#: reference). A task's outputs are still checked to be finite in every job.
+_SCREENED: set[str] = set()
 
 
 def evaluate(job: EvalJob, *, device: str | None = None, baselines: BaselineCache | None = None,
@@ -165,8 +170,12 @@ class _Script:
         jb.ask(judge, RefInit(init_seed=self.init_seed), None, "building the reference Model")
         if not trials:
             return setup
+        screened = hashlib.sha256(repr((self.job.task_code, jb.gpu, self.s.atol, self.s.rtol, self.s.vary_inputs,
+                                        self.s.trials)).encode()).hexdigest()
+        screen = self.s.refuse_trivial_tasks and screened not in _SCREENED
         answer = jb.ask(judge, RefTrials(seeds=[secrets.randbits(31) for _ in range(self.s.trials)], vary=self.s.vary_inputs,
-                                         atol=self.s.atol, rtol=self.s.rtol), RefTrialsAnswer, "running the reference Model")
+                                         atol=self.s.atol, rtol=self.s.rtol, screen=screen),
+                        RefTrialsAnswer, "running the reference Model")
         if answer.error:
             jb.fail(f"the task cannot be evaluated: {answer.error}; not your code's fault", fault="evaluator")
         odd = [kind for trial in answer.trials for kind in trial.non_tensor_outputs]
@@ -177,6 +186,8 @@ class _Script:
             jb.fail(f"the task cannot be evaluated: {'; '.join(answer.trivial)} (screened at the evaluator's tolerance: "
                     "a constant or copied answer would be paid as correct); not your code's fault. `kernel-env tasks "
                     "--check` lists such tasks", fault="evaluator")
+        if screen:
+            _SCREENED.add(screened)
         self.reference = answer
         return setup
 

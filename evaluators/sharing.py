@@ -58,14 +58,17 @@ class DeviceLease:
 
     ``register``/``unregister`` keep the live children of every job on the device, so a timing
     run can freeze the others' (``timing(own=...)`` leaves the caller's own children alone).
-    ``account()`` says how long the lease has spent in each of its states, and ``stragglers``
-    how many untimed steps a timing run has frozen mid-step (their grace ran out)."""
+    ``account()`` says how long the lease has spent in each of its states, ``stragglers``
+    how many untimed steps a timing run has frozen mid-step (their grace ran out), and
+    ``freezing_s`` how much of the timing runs' time went to freezing and thawing other jobs'
+    children (where no cgroup can be frozen, a stop signal to each process of their namespaces)."""
 
     STATES = ("timing", "draining", "untimed", "idle")
 
     def __init__(self, grace_s: float = 1.0) -> None:
         self.grace_s = grace_s
         self.stragglers = 0
+        self.freezing_s = 0.0
         self._cv = threading.Condition()
         self._untimed = 0
         self._started: dict[int, float] = {}  # each untimed step in flight: when it began
@@ -136,6 +139,7 @@ class DeviceLease:
                 self._timing = claimed = True  # no other timing run from here; untimed steps in flight may still end
                 drained = self._cv.wait_for(lambda: self._untimed == 0) if drain else self._wait_for_young_steps()
                 others = [child for child in self._children if not any(child is m for m in mine)]
+                began = time.monotonic()
                 frozen = [child for child in others if child.freeze()]
                 if not drained and len(frozen) < len(others):  # one cannot be frozen: it must end of itself
                     for child in frozen:
@@ -144,6 +148,7 @@ class DeviceLease:
                     frozen = [child for child in others if child.freeze()]
                 elif not drained:
                     self.stragglers += self._untimed
+                self.freezing_s += time.monotonic() - began
             except BaseException:
                 if claimed:
                     self._timing = False
@@ -156,9 +161,11 @@ class DeviceLease:
         try:
             yield
         finally:
+            began = time.monotonic()
             for child in frozen:
                 child.thaw()
             with self._cv:
+                self.freezing_s += time.monotonic() - began
                 self._tick()
                 self._timing = self._measuring = False
                 self._cv.notify_all()

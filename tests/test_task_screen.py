@@ -254,3 +254,38 @@ def test_an_empty_output_is_trivially_passed():
     for _ in range(2):
         answers.add([torch.empty(0, 8)], [torch.empty(0, 8)])
     assert answers.reasons() == ["returning zeros as the output passes every trial"]
+
+
+def test_a_task_is_searched_for_trivial_answers_by_its_first_job_only_and_a_refused_one_by_every_job(tmp_path, monkeypatch):
+    """The search is the task's, not the job's (0.3 s of a GPU job's reference): a task found
+    sound once in this process is not searched again; one that a trivial answer passes is never
+    remembered, so every job of it is refused."""
+    from kernel_env.evaluators import harness
+    from kernel_env.evaluators.child.protocol import RefTrials
+    from kernel_env.evaluators.job import Job
+
+    monkeypatch.setattr(harness, "_SCREENED", set())
+    searched, ask = [], Job.ask
+
+    def recording(self, child, command, *args, **kwargs):
+        if isinstance(command, RefTrials):
+            searched.append((self.job.task_id, command.screen))
+        return ask(self, child, command, *args, **kwargs)
+
+    monkeypatch.setattr(Job, "ask", recording)
+    sound = task("torch.relu(x)", "[torch.randn(1 << 10)]")
+    degenerate, _ = DEGENERATE["a clamp that never clamps"]
+    for _ in range(2):
+        assert evaluate_snapshot(tmp_path, sound, RETURNS_X, "cpp").fault == "candidate"  # x is not relu(x)
+        refused = evaluate_snapshot(tmp_path, degenerate, RETURNS_X, "cpp")
+        assert refused.fault == "evaluator" and "passes every trial" in refused.error
+    assert searched == [(sound.id, True), (degenerate.id, True), (sound.id, False), (degenerate.id, True)]
+
+
+def test_without_the_search_a_task_s_outputs_are_still_checked_to_be_finite():
+    skipped = screen.TrivialAnswers(1e-2, 1e-2, search=False)
+    for _ in range(3):
+        skipped.add([torch.zeros(64)], [torch.randn(64)])
+    assert skipped.reasons() == []  # zeros would pass every trial: not looked for
+    skipped.add([torch.tensor([1.0, float("nan")])], [torch.randn(2)])
+    assert skipped.reasons() == ["the reference's output is not finite (NaN or Inf in trial 4)"]

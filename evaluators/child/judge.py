@@ -112,6 +112,7 @@ class Judge:
             self.stream = torch.cuda.current_stream(self.device)
             self.gate = torch.zeros(1, dtype=torch.int32, pin_memory=True)
             self.gate_address = self.memory.host_pointer(self.gate)
+            load_gated_kernels(self.device)
         else:
             # One thread of the judge's own: an OpenMP pool's threads spin on after each parallel region
             # (the reference's run, just before a call), and on a small machine took the processors the
@@ -311,6 +312,8 @@ class Judge:
             specs = [BufferSpec(_dtype(t), shape, stride, nbytes, fd=0, offset=offset)
                      for t, (shape, stride, nbytes), offset in zip(tensors, layouts, offsets)]
             fds = [host.fd]
+        if self.cuda:  # an input or an output (the worker's, strided as it likes) may be copied element-wise
+            load_gated_kernels(self.device, {t.dtype for t in tensors})
         count = len(tensors) - len(outputs)
         inputs, input_specs, index = [], [], 0
         for x in staging:
@@ -527,6 +530,38 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         torch.bitwise_or(_dense_bytes(src), 0, out=_dense_bytes(dst))
     else:
         dst.copy_(src)  # strided on one side: an elementwise kernel
+
+
+#: The dtypes whose element-wise copies a judge spare loads before it has a job (``load_gated_kernels``);
+#: another dtype's load with the first layout that has one.
+COMMON_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
+                 torch.int8, torch.uint8, torch.bool)
+_loaded: set = set()  # what ``load_gated_kernels`` has loaded in this process (its one device)
+
+
+def load_gated_kernels(device: torch.device, dtypes=()) -> None:
+    """Launch once, before any call, the kernels ``_call_cuda`` queues behind its closed gate: with
+    CUDA's lazy loading a kernel's first launch loads it, which waits for the work queued before it
+    on the device, the gate's wait among it, and the call would never start. (Until 2026-11-27 the
+    trivial-answer screen happened to load the byte copies first; a job that skipped the screen
+    hung.) Byte copies (``_copy`` of dense tensors) are vectorised by their alignment, each width a
+    kernel of its own, so every offset is run; an element-wise copy (``_copy`` of a strided tensor:
+    an input, or an output the worker returns strided as it likes) is a kernel per dtype."""
+    wanted = set(dtypes) - _loaded
+    if "bytes" in _loaded and not wanted:
+        return
+    if "bytes" not in _loaded:
+        source, target = (torch.zeros(1024, dtype=torch.uint8, device=device) for _ in range(2))
+        for offset in (0, 1, 2, 4, 8):
+            _copy(target[offset:offset + 512], source[offset:offset + 512])
+            torch.bitwise_not(target[offset:offset + 512], out=target[offset:offset + 512])
+        _loaded.add("bytes")
+    for dtype in wanted:
+        source = torch.zeros((4, 4), dtype=dtype, device=device)
+        torch.zeros((4, 4), dtype=dtype, device=device).t().copy_(source)
+        torch.empty((4, 4), dtype=dtype, device=device).copy_(source.t())
+        _loaded.add(dtype)
+    torch.cuda.synchronize(device)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

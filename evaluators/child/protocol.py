@@ -91,11 +91,13 @@ class ReferenceTrial(Message):
 
 @dataclass
 class RefTrials(Message):
-    """The judge runs the reference on each trial's inputs and keeps the outputs (``screen`` varies them)."""
+    """The judge runs the reference on each trial's inputs and keeps the outputs (``screen`` varies
+    them). ``screen``: look for the trivial answers that pass them all (the host asks once per task)."""
     seeds: list[int]
     vary: bool
     atol: float
     rtol: float
+    screen: bool = True
 
 
 @dataclass

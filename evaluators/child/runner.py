@@ -156,12 +156,15 @@ _ROLE_COMMANDS = {
 }
 
 
-def preload() -> None:
+def preload(role: str) -> None:
     """A spare's work before any job (``children.Spares``): its CUDA context, made (about 0.5 GB of
-    the GPU's memory, and a few hundred milliseconds a job does not wait for)."""
+    the GPU's memory, and a few hundred milliseconds a job does not wait for), and a judge's the
+    kernels its calls queue behind their gate (``judge.load_gated_kernels``: 0.1 s a job)."""
     if os.environ.get("CUDA_VISIBLE_DEVICES") and torch.cuda.is_available():
         try:
             torch.zeros(1, device="cuda")
+            if role == "judge":
+                judge.load_gated_kernels(torch.device("cuda"), judge.COMMON_DTYPES)
         except Exception:  # noqa: BLE001 - the job meets (and reports) it in its own time
             pass
 

@@ -235,7 +235,7 @@ def _run_child(req: dict, fds: dict[str, int], isolated: bool) -> None:
         os.chdir(req["cwd"])
         sys.stdin = open(0, encoding="utf-8", closefd=False)
         if req.get("preload"):  # a spare: its CUDA context, before any job
-            runner.preload()
+            runner.preload(req["role"])
         runner.main(req["role"])
         code = 0
     except BaseException:  # noqa: BLE001 - reported in the child's log, which the harness shows
@@ -317,14 +317,18 @@ def _cuda_initialised() -> bool:
 
 def _ready_triton_driver() -> None:
     """Triton's CUDA driver object, its C module built and loaded, made without asking torch whether
-    CUDA is available (which initialises it): children find it made."""
+    CUDA is available (which initialises it), and the key of Triton's own build (a hash of its
+    sources and its 500 MB library, which every kernel's first compile asks for: 0.3 s of a core
+    in every candidate's process): children find both made."""
     try:
         import triton
         from triton.backends.nvidia.driver import CudaDriver
+        from triton.runtime.cache import triton_key
     except ImportError:
         return
     try:
         triton.runtime.driver.set_active(CudaDriver())
+        triton_key()  # functools.lru_cache: the children inherit the answer
     except Exception:  # noqa: BLE001 - each child makes its own then, and reports what fails
         pass
 

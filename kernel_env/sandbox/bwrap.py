@@ -172,6 +172,10 @@ def spawn(argv: list[str], **popen_options) -> tuple[subprocess.Popen, PidNamesp
     return proc, PidNamespace.from_info_fd(read_fd)
 
 
+#: Whether this kernel lists each thread's children in /proc (CONFIG_PROC_CHILDREN): see ``PidNamespace.members``.
+_CHILDREN_LISTS = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
 class PidNamespace:
     """The pid namespace of a running bubblewrap sandbox, held through its init process.
 
@@ -210,25 +214,15 @@ class PidNamespace:
             return None
 
     def signal(self, signum: int) -> int:
-        """Send ``signum`` to every process in the namespace (found as those whose pid namespace is
-        the init's; twice round, for a process started meanwhile); how many were sent it."""
-        if self._pidfd is None or self.pid is None:
-            return 0
-        try:
-            namespace = os.readlink(f"/proc/{self.pid}/ns/pid")
-        except OSError:
-            return 0
+        """Send ``signum`` to every process in the namespace (``members``; twice round, for a process
+        started meanwhile); how many were sent it."""
         sent: set[int] = set()
         for _ in range(2):
-            for entry in os.listdir("/proc"):
-                if not entry.isdigit() or int(entry) in sent:
-                    continue
-                try:
-                    if os.readlink(f"/proc/{entry}/ns/pid") == namespace:
-                        os.kill(int(entry), signum)
-                        sent.add(int(entry))
-                except OSError:  # gone, or not ours to look at
-                    continue
+            for pid in self.members():
+                if pid not in sent:
+                    with contextlib.suppress(OSError):  # gone meanwhile
+                        os.kill(pid, signum)
+                        sent.add(pid)
         return len(sent)
 
     def stop(self, timeout: float = 1.0) -> int:
@@ -241,19 +235,58 @@ class PidNamespace:
             time.sleep(0.001)
         return sent
 
-    def _states(self) -> list[str]:
-        """The scheduler state (R, S, D, T, ...) of each process in the namespace."""
+    def members(self) -> list[int]:
+        """The processes of the namespace (host pids): its init and every process descending from it.
+
+        Every process of a pid namespace descends from its init (an orphan is re-parented to it),
+        a nested namespace's too, so the tree from the init, read from /proc's ``children`` lists,
+        is all of them: a few reads, where matching every process of the host by its namespace
+        took two scans of /proc (milliseconds on a host running hundreds of sandboxes, for each
+        child that a timing run freezes and thaws). Without those lists (a kernel built without
+        CONFIG_PROC_CHILDREN) every process of the host is matched by its namespace."""
+        if self._pidfd is None or self.pid is None:
+            return []
+        try:
+            signal.pidfd_send_signal(self._pidfd, 0)  # the init is alive, so its pid is still its own
+        except OSError:
+            return []
+        if not _CHILDREN_LISTS:
+            return self._members_by_namespace()
+        members, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            members.append(pid)
+            try:
+                threads = os.listdir(f"/proc/{pid}/task")
+            except OSError:  # gone meanwhile
+                continue
+            for tid in threads:
+                try:
+                    todo += [int(child) for child in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+                except OSError:
+                    continue
+        return members
+
+    def _members_by_namespace(self) -> list[int]:
         try:
             namespace = os.readlink(f"/proc/{self.pid}/ns/pid")
         except OSError:
             return []
-        states = []
+        members = []
         for entry in os.listdir("/proc"):
             try:
                 if entry.isdigit() and os.readlink(f"/proc/{entry}/ns/pid") == namespace:
-                    states.append(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0])
-            except (OSError, IndexError):
+                    members.append(int(entry))
+            except OSError:  # gone, or not ours to look at
                 continue
+        return members
+
+    def _states(self) -> list[str]:
+        """The scheduler state (R, S, D, T, ...) of each process in the namespace."""
+        states = []
+        for pid in self.members():
+            with contextlib.suppress(OSError, IndexError):
+                states.append(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0])
         return states
 
     def kill(self, timeout: float = 10.0) -> bool:
