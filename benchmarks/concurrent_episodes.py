@@ -70,17 +70,17 @@ from _gpu import (
 from _memory import TreeMemory
 
 import kernel_env
+from kernel_env.config import jobs_per_gpu
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.resources import example_dir
-from kernel_env.runtime.pool import SHORT_OF_MEMORY_STEP, GpuPool, LocalPool, RayPool, default_jobs_per_gpu
+from kernel_env.runtime.pool import SHORT_OF_MEMORY_STEP, GpuPool, LocalPool, RayPool
 from kernel_env.tasks import Task
 
 HERE = Path(__file__).resolve().parent
 SOLUTION: str
 #: Per device: the task's size and the final evaluation's protocol.
 SETUPS = {
-    "cpu": (1 << 12, EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, 
-                                  compile_baseline=False)),
+    "cpu": (1 << 12, EvalSettings.short()),
     "cuda": (1 << 22, EvalSettings()),
 }
 DEVICE = "cpu"
@@ -349,7 +349,7 @@ def main() -> None:
     parser.add_argument("--episodes", default="64", help="episodes of each main run, all at once (comma-separated counts)")
     parser.add_argument("--baseline-episodes", type=int, default=4, help="episodes of the baseline, one at a time")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--jobs-per-gpu", default=str(default_jobs_per_gpu()),
+    parser.add_argument("--jobs-per-gpu", default=str(jobs_per_gpu()),
                         help="jobs a GPU runs at once (evaluators/sharing.py); comma-separated values "
                              "are each run in turn for every --episodes count, e.g. 1,4 (the CPU always runs one)")
     parser.add_argument("--pools", default="local", metavar="KIND[:GPUS],...",

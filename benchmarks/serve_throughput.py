@@ -46,8 +46,7 @@ from kernel_env.tasks import Task, resolve_task
 
 #: Per device: the task's size and the protocol (the CPU's shortened, as the tests'; a GPU's the default).
 SETUPS = {
-    "cpu": (1 << 12, EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, 
-                                  compile_baseline=False)),
+    "cpu": (1 << 12, EvalSettings.short()),
     "cuda": (1 << 22, EvalSettings()),
 }
 

@@ -51,6 +51,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kernel_env.config import DEFAULT_SANDBOX
 from kernel_env.envs.common import ENDED, EpisodeEnv, ModelOutputSpace, TextSpace, in_thread
 from kernel_env.evaluators.records import EvalResult, EvalSettings
 from kernel_env.evaluators.report import model_report
@@ -104,7 +105,7 @@ class KernelAgentEnv(EpisodeEnv):
     """
 
     def __init__(self, task: Task | str | None = None, *, language: str | None = None, device: str | None = None,
-                 sandbox: str = "local", sandbox_options: dict[str, Any] | None = None,
+                 sandbox: str = DEFAULT_SANDBOX, sandbox_options: dict[str, Any] | None = None,
                  pool: GpuPool | str | None = None, max_turns: int = 150,
                  selection: Selection = "best", shaping: Literal["milestones"] | None = None,
                  reward_kind: str = "milestone", settings: EvalSettings | None = None,

@@ -33,6 +33,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from kernel_env.config import DEFAULT_SANDBOX
 from kernel_env.envs.common import ENDED, EpisodeEnv, ModelOutputSpace, TextSpace
 from kernel_env.envs.refine_protocol import (
     MODEL_NEW,
@@ -86,7 +87,7 @@ class KernelRefineEnv(EpisodeEnv):
     """
 
     def __init__(self, task: Task | str | None = None, *, language: str | None = None, device: str | None = None,
-                 sandbox: str = "local", sandbox_options: dict[str, Any] | None = None,
+                 sandbox: str = DEFAULT_SANDBOX, sandbox_options: dict[str, Any] | None = None,
                  pool: GpuPool | str | None = None, max_turns: int = 4, settings: EvalSettings | None = None,
                  kernelbench_root: str | None = None):
         super().__init__(task, language=language, device=device, sandbox=sandbox, sandbox_options=sandbox_options,

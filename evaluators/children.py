@@ -405,14 +405,6 @@ class Child:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def warm_children(gpu: bool) -> bool:
-    """Whether jobs take children started ahead of them (``Spares``): on GPU devices, unless
-    KERNEL_ENV_WARM_CHILDREN=0; on the CPU only with KERNEL_ENV_WARM_CHILDREN=1: there a spare
-    has nothing to make ahead (no CUDA context), and a fork costs milliseconds."""
-    setting = os.environ.get("KERNEL_ENV_WARM_CHILDREN", "")
-    return setting == "1" or (gpu and setting != "0")
-
-
 class Spares:
     """Evaluation children started ahead of their jobs, ``depth`` per (role, environment).
 

@@ -10,6 +10,7 @@ import signal
 import time
 from collections.abc import Callable
 
+from kernel_env.config import warm_children
 from kernel_env.evaluators.child.protocol import (
     DeviceProbe,
     Drive,
@@ -19,7 +20,7 @@ from kernel_env.evaluators.child.protocol import (
     Serve,
     ServeAnswer,
 )
-from kernel_env.evaluators.children import Child, ChildError, CommandFailed, Spares, warm_children
+from kernel_env.evaluators.children import Child, ChildError, CommandFailed, Spares
 from kernel_env.evaluators.records import EvalJob, EvalResult, Fault
 from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.languages import get_language

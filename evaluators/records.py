@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from kernel_env.config import DEFAULT_ATOL, DEFAULT_RTOL
+
 #: Whose fault a failed evaluation is (``EvalResult.fault``).
 Fault = Literal["candidate", "evaluator"]
 
@@ -22,10 +24,9 @@ class EvalSettings(BaseModel):
     """Protocol constants. They live in the trusted parent; a candidate never sees or sets them."""
 
     trials: int = 5
-    atol: float = 1e-2
-    rtol: float = 1e-2
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
     timed_calls: int = 30                 # each one's outputs compared in full with the reference's
-    min_timed_calls: int = 10
     warmup_calls: int = 3
     audited_timed_calls: int = 4          # extra audited (untimed) calls at secret positions of the timing run
     calibration_calls: int = 10           # empty calls that measure the judge's round trip, before candidate code exists
@@ -45,6 +46,13 @@ class EvalSettings(BaseModel):
     vary_inputs: bool = True
     refuse_trivial_tasks: bool = True
     speedup_margin: float = 0.05           # "more than 5 % faster"
+
+    @classmethod
+    def short(cls, **changes) -> EvalSettings:
+        """The short protocol of smoke runs and CPU tests: 5 timed calls after 1 warm-up, no
+        torch.compile baseline (``changes`` on top). Noisier timings than the default's: never
+        for figures anyone reports."""
+        return cls(**{"timed_calls": 5, "warmup_calls": 1, "compile_baseline": False, **changes})
 
     def timing_protocol(self) -> dict:
         """The settings a baseline timing depends on (part of the baseline cache key)."""

@@ -26,7 +26,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from kernel_env.config import cache_dir
+from kernel_env.config import cache_dir, precompiled_headers
 from kernel_env.resources import data_dir
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ _lock = threading.Lock()
 
 
 def enabled() -> bool:
-    return os.environ.get("KERNEL_ENV_PRECOMPILED_HEADERS", "1") != "0"
+    return precompiled_headers()
 
 
 def headers_dir() -> Path:
@@ -87,9 +87,10 @@ def precompile(language: str, *, timeout: float = 900.0) -> subprocess.Completed
     with tempfile.TemporaryDirectory(prefix="kernel_env-headers-") as scratch, open(root / f".lock-{language}", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process making the same header: wait, then find it there
         workspace = Path(scratch)
-        (workspace / "utils").mkdir()
         template = data_dir("workspace_template")
-        shutil.copy(template / "utils" / "build.py", workspace / "utils" / "build.py")
+        # The whole of utils/: build.py imports the build's modules beside it, and its toolchain
+        # key hashes them, so the settings written here fit a workspace's build.
+        shutil.copytree(template / "utils", workspace / "utils", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for fixed in ("binding.cpp", "binding_registry.h"):  # compiled once here, linked by every workspace
             shutil.copy(template / fixed, workspace / fixed)
         (workspace / "SKILL.md").write_text(f"---\nname: {language}\n---\n")

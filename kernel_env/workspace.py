@@ -6,7 +6,7 @@
     binding_registry.h   protected (C++ languages): REGISTER_BINDING
     binding.cpp          protected (C++ languages): builds the ``cuda_extension`` module
     kernels/             the agent's kernels
-    utils/               protected: compile.sh, verification.py, profiling.py
+    utils/               protected: compile.sh (build.py and its modules), verification.py, profiling.py, the broker's client
     model.py             protected: the reference Model
     model_new.py         the agent's ModelNew
 
@@ -55,8 +55,12 @@ class Workspace:
         return self.root / "state"
 
     @classmethod
-    def create(cls, task: Task, language: str | Language = "cuda", root: str | Path | None = None) -> Workspace:
-        """Materialise template + task + SKILL.md into a fresh directory and protect it."""
+    def create(cls, task: Task, language: str | Language = "cuda", root: str | Path | None = None, *,
+               checks: tuple[int, float, float] | None = None) -> Workspace:
+        """Materialise template + task + SKILL.md into a fresh directory and protect it.
+
+        ``checks``: (trials, atol, rtol) of the evaluations this workspace's solutions get, which
+        SKILL.md and ``utils/verification.py`` state (in general words without them)."""
         lang = get_language(language) if isinstance(language, str) else language
         base = Path(root) if root else workspaces_dir()
         base.mkdir(parents=True, exist_ok=True)
@@ -83,6 +87,8 @@ class Workspace:
         starter = skill_dir / "model_new.py"
         shutil.copy2(starter, ws.path / "model_new.py")
         (ws.path / "model.py").write_text(task.code)
+        for text in (ws.path / "SKILL.md", ws.path / "utils" / "verification.py"):
+            text.write_text(state_checks(text.read_text(), checks))
         ws.protected_hashes = ws.hash_protected()
         ws._lock_protected()
         return ws
@@ -177,3 +183,14 @@ def _chown_if_needed(name: str | None, dir_fd: int, uid: int, gid: int) -> None:
         os.fchown(dir_fd, uid, gid)
     else:
         os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+
+
+def state_checks(text: str, checks: tuple[int, float, float] | None) -> str:
+    """``text`` with the evaluations' checks filled in: ``{all_trials}`` and ``{tolerance}``."""
+    if checks is None:
+        all_trials, tolerance = "every trial", "the evaluator's tolerance"
+    else:
+        trials, atol, rtol = checks
+        all_trials = f"all {trials} trials" if trials != 1 else "the one trial"
+        tolerance = f"atol = rtol = {atol:g}" if atol == rtol else f"atol = {atol:g}, rtol = {rtol:g}"
+    return text.replace("{all_trials}", all_trials).replace("{tolerance}", tolerance)

@@ -26,7 +26,7 @@ from kernel_env.tasks import Task
 TASK = Task(id="test/relu_add_4k", name="relu_add_4k", code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 12"))
 SOLUTION = (example_dir() / "solutions" / "triton" / "model_new.py").read_text()
 BROKEN = SOLUTION.replace("tl.where(v < 0, 0.0, v)", "v")  # forgets the relu: wrong on every negative sum
-SETTINGS = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, compile_baseline=False)
+SETTINGS = EvalSettings.short()
 
 pytestmark = pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")
 

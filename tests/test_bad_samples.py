@@ -23,6 +23,8 @@ from kernel_env.runtime.episode import Episode
 from kernel_env.runtime.pool import LocalPool
 from kernel_env.tasks import Task
 
+pytestmark = pytest.mark.slow  # hanging candidates, each ended at its bound
+
 TASK_CODE = (example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10")
 #: Tight bounds, so a hang ends in seconds here: floor + 5 x the reference's time for the same work.
 FAST = EvalSettings(timed_calls=5, warmup_calls=1, audited_timed_calls=1, compile_baseline=False,

@@ -23,6 +23,8 @@ from kernel_env.resources import data_dir, example_dir
 from kernel_env.tasks import resolve_task
 from kernel_env.workspace import Workspace
 
+pytestmark = pytest.mark.slow  # one cold C++ build of the example, shared by the module
+
 SOLUTIONS = example_dir("relu_add") / "solutions"
 ARTIFACT_GLOB = "cuda_extension*.so"
 

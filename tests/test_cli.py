@@ -93,6 +93,7 @@ def test_tasks_check_json_reports_signatures(tmp_path):
     assert record["outputs"] == [{"shape": [8, 16], "dtype": "float32"}]
 
 
+@pytest.mark.slow  # 5.5 s: two task checks
 def test_tasks_check_lists_a_task_a_trivial_answer_passes_and_allow_trivial_takes_it(tmp_path):
     path = tmp_path / "ones.jsonl"
     ones = TINY_TASK.replace("return torch.relu(x) * self.scale", "return torch.softmax(x, dim=1).sum(dim=1)")
@@ -125,6 +126,7 @@ def test_tasks_of_a_source_holding_a_malformed_task_exits_1_with_one_line(tmp_pa
 # ----------------------------------------------------------------------------- doctor
 
 
+@pytest.mark.slow  # 123 s: a real grade of the example, end to end
 def test_doctor_json_reports_the_machine_and_what_it_means():
     result = runner.invoke(app, ["doctor", "--json"])
     assert result.exit_code == 0, result.output
@@ -216,6 +218,7 @@ def test_run_task_rejects_an_unknown_language():
     assert result.exit_code == 2
 
 
+@pytest.mark.slow  # 19 s: a whole run-task --solution
 def test_run_task_solution_piped_prints_its_phases_and_lines_whole_at_80_columns(tmp_path):
     """A log of `run-task --solution` shows each phase as it starts, stamped with the seconds since
     the start, then the result: no line broken at 80 columns, the table within them, its numbers whole."""

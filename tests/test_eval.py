@@ -45,9 +45,10 @@ from kernel_env.workloads.agent_eval import (
 from kernel_env.workloads.llm import RunError, Server, connect
 from kernel_env.workloads.metrics import EpisodeRecord, compute_metrics, read_records
 
+pytestmark = pytest.mark.slow  # end to end: scripted-model episodes, each built and evaluated
+
 runner = CliRunner()
-SETTINGS = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, 
-                        compile_baseline=False, speedup_margin=1000.0)
+SETTINGS = EvalSettings.short(speedup_margin=1000.0)
 SETTINGS_JSON = SETTINGS.model_dump_json()
 CPP = example_dir("relu_add") / "solutions" / "cpp"
 TRITON_SOLUTION = (example_dir("relu_add") / "solutions" / "triton" / "model_new.py").read_text()

@@ -285,7 +285,8 @@ def _build_cpp_module(cache: Path, workspace: Workspace, headers: tuple[str, ...
     binding = fixtures_binding(headers)
     sources = [kernels / n for n in ("relu_add.cpp", "check.h", *headers)]
     digest = hashlib.sha256(torch.__version__.encode() + binding.encode())
-    for path in sources + [data_dir("workspace_template") / n for n in ("binding.cpp", "binding_registry.h", "utils/build.py")]:
+    template = data_dir("workspace_template")
+    for path in [*sources, template / "binding.cpp", template / "binding_registry.h", *sorted((template / "utils").glob("build*.py"))]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     target = cache / digest.hexdigest()[:16]
     built = list(target.glob("cuda_extension*.so"))
@@ -405,6 +406,7 @@ def test_honest_triton_kernel_is_correct(jobs):
     assert result.reward == 1.0 and result.runtime is None   # verified, not timed
 
 
+@pytest.mark.slow  # 22 s on a 2-core machine
 def test_honest_cpp_kernel_is_correct(jobs):
     result = jobs.verify("cpp", "honest")
     assert_honest(result)
@@ -414,6 +416,7 @@ def test_honest_triton_kernel_whose_docstring_mentions_torch_compile_is_correct(
     assert_honest(jobs.verify("triton", "honest_docstring"))
 
 
+@pytest.mark.slow  # 35 s on a 2-core machine
 def test_std_thread_is_refused_by_name_and_the_message_points_to_openmp(jobs):
     # The cpp skill allows threads through OpenMP only: a thread of the kernel's own could outlive
     # the call and finish the work after the timer stopped, and a joined one looks the same in text.
@@ -449,7 +452,7 @@ def test_wrong_dtype_is_incorrect(jobs):
     assert_rejected(jobs.verify("triton", "wrong_dtype"), "has dtype torch.float64, expected torch.float32")
 
 
-@pytest.mark.parametrize("language", ["triton", "cpp"])
+@pytest.mark.parametrize("language", ["triton", pytest.param("cpp", marks=pytest.mark.slow)])  # cpp: 35 s
 def test_uninitialised_output_is_incorrect(jobs, language):
     assert_rejected(jobs.verify(language, "uninit"), "elements outside")
 
@@ -495,11 +498,13 @@ def test_no_triton_launch_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "no_launch"), "launched no Triton kernel")
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 def test_torch_compute_from_cpp_through_the_dispatcher_is_rejected(jobs):
     assert_rejected(jobs.verify("cpp", "torch_ops"), "torch computes inside ModelNew.forward (add x1, relu x1)",
                     "calls a torch operator (`torch::relu`)")
 
 
+@pytest.mark.slow  # 22 s on a 2-core machine
 def test_torch_compute_in_a_binary_built_from_other_sources_is_rejected(jobs):
     # The snapshot's kernels/ holds only innocent sources; the built module calls torch::relu/add.
     assert_rejected(jobs.verify("cpp", "torch_ops_sources_edited"), "torch computes inside ModelNew.forward")
@@ -517,6 +522,7 @@ def test_torch_compute_under_disable_torch_dispatch_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "torch_dispatch_disabled"), "torch computes", "torch internals")
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 def test_torch_compute_from_cpp_past_the_dispatcher_is_rejected(jobs):
     assert_rejected(jobs.verify("cpp", "torch_ops_direct"), "torch computes", "calls a torch operator", "past the dispatcher")
 
@@ -529,6 +535,7 @@ def test_rewriting_the_runner_through_the_module_table_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "runner_patched"), "torch computes", "changed the harness", "sys.modules")
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 def test_torch_compute_from_cpp_with_all_python_keys_excluded_is_rejected(jobs):
     assert_rejected(jobs.verify("cpp", "torch_ops_hidden"), "torch computes", "thread-local state", "calls a torch operator")
 
@@ -557,10 +564,12 @@ def test_rewriting_the_runner_without_naming_the_module_table_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "runner_patched_evasive"), "torch computes", "changed the harness", "launched no Triton")
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 def test_torch_compute_from_cpp_past_the_dispatcher_through_an_alias_is_rejected(jobs):
     assert_rejected(jobs.verify("cpp", "torch_ops_direct_evasive"), "torch computes", "torch operator", "past the dispatcher")
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 def test_torch_compute_from_cpp_with_the_python_key_excluded_is_rejected(jobs):
     assert_rejected(jobs.verify("cpp", "torch_ops_hidden_evasive"), "torch computes", "dispatcher", "torch operator")
 
@@ -576,6 +585,7 @@ def test_returning_a_view_of_a_mutated_input_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "view_of_input"), "modified its input tensors in place")
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 def test_cpp_writing_into_an_input_is_rejected(jobs):
     assert_rejected(jobs.verify("cpp", "inplace"), "modified its input tensors in place")
 
@@ -584,11 +594,13 @@ def test_work_deferred_to_a_python_thread_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "thread_deferred"), "elements outside", "left threads running", "imports a module")
 
 
+@pytest.mark.slow  # 12 s each on a 2-core machine
 @pytest.mark.parametrize("name", ["deferred", "deferred_jthread"])
 def test_work_deferred_to_a_native_thread_is_rejected(jobs, name):
     assert_rejected(jobs.verify("cpp", name), "elements outside", "threads or processes")
 
 
+@pytest.mark.slow  # 26 s on a 2-core machine
 def test_a_native_worker_finishing_timed_outputs_late_is_rejected(jobs, monkeypatch):
     """Past the source rules (which refuse its thread), a timed call's output is read as soon as the
     call has ended, before the harness's own work after it (the process watch, an idle reading and
@@ -637,6 +649,7 @@ def test_honest_kernels_for_tasks_beyond_one_output_tensor_are_correct(jobs, nam
     assert_honest(_edge(jobs, name))
 
 
+@pytest.mark.slow  # 14 s on a 2-core machine
 def test_outputs_that_are_views_of_a_buffer_stay_correct_through_timing(jobs, tmp_path):
     """The outputs of timed calls are poisoned once checked, but for a module's own weights and buffers
     (a rotary embedding's cached table): the reference's baselines (measured in the first job) and the
@@ -678,7 +691,8 @@ def test_a_low_level_thread_left_running_is_rejected(jobs):
 
 @pytest.mark.parametrize(("name", "mode", "reason"), [
     ("helper_process", Mode.VERIFY, "started other processes, running the trials"),
-    ("helper_process_during_timing", Mode.PROFILE, "started other processes, timing"),
+    pytest.param("helper_process_during_timing", Mode.PROFILE, "started other processes, timing",
+                 marks=pytest.mark.slow),  # 15 s
     ("thread_during_timing", Mode.PROFILE, "had threads running beside its calls (beside-the-timing)"),
     # Started with _thread (not in threading.enumerate()), reached through torch's own modules.
     ("thread_hidden_via_torch", Mode.VERIFY, "left threads running (a low-level thread"),
@@ -750,6 +764,7 @@ def test_a_huge_allocation_is_a_clear_error(jobs):
     assert_rejected(jobs.verify("triton", "huge_alloc"), "can't allocate memory", "out of memory")
 
 
+@pytest.mark.slow  # 22 s on a 2-core machine
 def test_an_endless_loop_in_forward_ends_at_the_configured_timeout(jobs):
     """The knob for every step but timing is EvalSettings.step_timeout_s (import, trials)."""
     settings = SETTINGS.model_copy(update={"step_timeout_s": 20.0})
@@ -760,6 +775,7 @@ def test_an_endless_loop_in_forward_ends_at_the_configured_timeout(jobs):
     assert_rejected(run.result, "took longer than 20s and was killed")
 
 
+@pytest.mark.slow  # 65 s on a 2-core machine
 def test_a_fork_server_killed_mid_job_is_the_evaluators_fault_and_the_next_job_runs(jobs):
     """The candidate's process dies with its fork server (the end of the server's pid namespace
     takes it): nothing the candidate did, so no -1; the next job gets a new server."""
@@ -875,6 +891,7 @@ def test_computing_only_the_elements_a_sample_would_read_is_wrong(jobs):
     assert_rejected(jobs.verify("triton", "sampled_elements"), "elements outside")
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 @pytest.mark.parametrize(("name", "imports"), [("asm_label_pyrun", "PyRun_SimpleString"), ("asm_label_thread", "pthread_create")])
 def test_python_and_threads_from_cpp_under_asm_labels_are_refused_by_name_and_in_the_module(jobs, name, imports):
     result = jobs.verify("cpp", name)
@@ -882,6 +899,7 @@ def test_python_and_threads_from_cpp_under_asm_labels_are_refused_by_name_and_in
     assert any("asm label" in v.lower() for v in result.violations), result.violations
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 @pytest.mark.parametrize("name", ["asm_label_pyrun", "asm_label_thread"])
 def test_past_every_rule_python_from_cpp_and_a_late_native_thread_are_timed_whole_or_wrong(jobs, past_rules, name):
     """Torch run from C++ with the audit's modes off is judged on the work it really did, at the speed it
@@ -912,6 +930,7 @@ def test_honest_triton_kernel_is_timed(jobs):
     assert 0 < sum(result.steps_s.values()) <= result.duration_s
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 def test_honest_cpp_kernel_is_timed_and_accepted_every_time(jobs):
     for attempt in range(4):
         result = jobs.timed("cpp", "honest")
@@ -926,6 +945,7 @@ def slow_honest(jobs) -> EvalResult:
     return jobs.timed("cpp", "slow_honest")
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 def test_slow_honest_cpp_kernel_is_correct_and_timed_slow(slow_honest):
     assert_honest(slow_honest)
     assert slow_honest.reward == 1.0, why(slow_honest)     # ~0.5 ms against eager's ~0.1 ms
@@ -934,6 +954,7 @@ def test_slow_honest_cpp_kernel_is_correct_and_timed_slow(slow_honest):
 # ============================================================================ timed: attacks
 
 
+@pytest.mark.slow  # 13 s on a 2-core machine
 def test_an_endless_loop_in_a_timed_call_ends_at_the_configured_timeout(jobs):
     """The knob for timed phases is EvalSettings.job_timeout_s (warm-up and timed calls)."""
     settings = SETTINGS.model_copy(update={"job_timeout_s": 10.0})
@@ -945,6 +966,7 @@ def test_an_endless_loop_in_a_timed_call_ends_at_the_configured_timeout(jobs):
 
 
 
+@pytest.mark.slow  # 5.3 s on a 2-core machine
 def test_a_reference_side_failure_is_an_error_result(jobs, tmp_path):
     jobs.wait_all()
     settings = SETTINGS.model_copy(update={"job_timeout_s": 2.0})
@@ -957,7 +979,7 @@ def test_a_reference_side_failure_is_an_error_result(jobs, tmp_path):
     assert result.fault == "evaluator" and result.reward is None, why(result)  # no -1 for the reference's timing
 
 
-@pytest.mark.parametrize("language", ["triton", "cpp"])
+@pytest.mark.parametrize("language", ["triton", pytest.param("cpp", marks=pytest.mark.slow)])  # cpp: a C++ build
 def test_caching_by_input_address_is_rejected(jobs, language):
     # The judge compares every timed call's output in full, so a replay that hits on any call is caught.
     # Whether an address repeats is up to the allocator: accepted means no call returned a stale answer.
@@ -984,6 +1006,7 @@ def test_timed_calls_must_run_the_same_code_as_the_audited_calls(jobs):
     assert_rejected(jobs.timed("triton", "torch_when_unaudited_evasive"), "torch computes", "launched no Triton kernel")
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 def test_work_deferred_into_a_lazy_output_is_timed_honestly(jobs, slow_honest):
     result = jobs.timed("cpp", "lazy_output")
     if result.correct:
@@ -993,6 +1016,7 @@ def test_work_deferred_into_a_lazy_output_is_timed_honestly(jobs, slow_honest):
         assert_rejected(result, "plain tensor", "tensor subclass", "instead of plain tensors")
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 def test_forged_elapsed_times_are_rejected_or_timed_honestly(jobs, slow_honest):
     result = jobs.timed("cpp", "timer_class_patch")
     if result.correct:
@@ -1068,6 +1092,7 @@ def test_a_spare_sees_nothing_of_another_job(jobs, spares, past_rules, name):
         assert_rejected(result, "elements outside")
 
 
+@pytest.mark.slow  # a C++ candidate: the first one selected builds the session's extension (20-50 s)
 def test_a_module_built_against_another_torch_is_refused_with_the_two_versions(jobs):
     snapshot = jobs.snapshot("cpp", "honest")
     (snapshot / "build" / "build_info.json").write_text('{"torch": "2.0.0+cu118", "kind": "cpp"}')

@@ -17,6 +17,8 @@ from kernel_env.tasks import resolve_task
 from kernel_env.workspace import Workspace
 from test_build import compile_ws, last_line
 
+pytestmark = pytest.mark.slow  # precompiles torch's headers (half a minute each)
+
 SOLUTION = example_dir("relu_add") / "solutions" / "cpp"
 
 

@@ -358,7 +358,7 @@ def _workspace_build(cache: Path, scratch: Path, name: str) -> Path:
                    + "static void register_all(pybind11::module& m) {\n" + "".join(f"  {r}(m);\n" for r in registers)
                    + "}\nREGISTER_BINDING(fixtures, register_all);\n")
     digest = hashlib.sha256(f"{torch.__version__}\0{name}\0{binding}".encode())
-    for path in [*inputs, template / "binding.cpp", template / "binding_registry.h", template / "utils" / "build.py"]:
+    for path in [*inputs, template / "binding.cpp", template / "binding_registry.h", *sorted((template / "utils").glob("build*.py"))]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     target = cache / f"{name}-{digest.hexdigest()[:16]}"
     built = list(target.glob("cuda_extension*.so"))
@@ -408,6 +408,7 @@ def _fixture_snapshot(root: Path, fixture: str, module: Path) -> Path:
     return _snapshot(root, kernels, module, model=source.read_text())
 
 
+@pytest.mark.slow  # the module's workspace builds: 33 s
 def test_the_example_solution_built_by_the_workspace_breaks_no_rule(workspace_builds, tmp_path):
     snapshot = tmp_path / "solution"
     shutil.copytree(example_dir("relu_add") / "solutions" / "cpp", snapshot)
@@ -419,6 +420,7 @@ def test_the_example_solution_built_by_the_workspace_breaks_no_rule(workspace_bu
     assert "GOMP_parallel" in imports and "PyEval_GetBuiltins" in imports and "PyGILState_Ensure" in imports
 
 
+@pytest.mark.slow  # the module's workspace builds: 33 s
 @pytest.mark.parametrize("fixture", sorted(p.stem for p in CANDIDATES.glob("*.py")
                                            if "misc_fixture.h" in p.read_text().split("# kernels:", 1)[1].split("\n")[0]))
 def test_the_cpp_fixtures_on_misc_kernels_break_no_new_rule(workspace_builds, tmp_path, fixture):
@@ -430,6 +432,7 @@ def test_the_cpp_fixtures_on_misc_kernels_break_no_new_rule(workspace_builds, tm
         assert violations == []
 
 
+@pytest.mark.slow  # the module's workspace builds: 33 s
 @pytest.mark.parametrize(("fixture", "source_rule", "module_rule"), [
     ("asm_label_pyrun", LABEL, "the module imports PyRun_SimpleString " + RUNS_PYTHON),
     ("asm_label_thread", LABEL, "the module imports pthread_create " + THREADS),

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # end to end: an OpenHands agent loop and trusted evaluations
+
 pytest.importorskip("kernel_env.integrations.openhands",
                     reason="the OpenHands plug-in's extra is not installed: pip install 'kernel_env[openhands]'")
 
@@ -31,8 +33,7 @@ from scripted_llm import Reply, ScriptedLLM  # noqa: E402
 
 SOLUTION_DIR = example_dir() / "solutions" / "cpp"
 SOLUTION_FILES = ("model_new.py", "kernels/relu_add.cpp", "kernels/relu_add_binding.cpp")
-SETTINGS = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, 
-                        compile_baseline=False, speedup_margin=1.0)
+SETTINGS = EvalSettings.short(speedup_margin=1.0)
 
 
 def call(name: str, **arguments) -> dict:

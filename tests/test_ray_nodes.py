@@ -12,6 +12,8 @@ import pytest
 from support import ray_busy_worker, ray_workers_started
 from test_ray_pool import SOLUTION, job  # the same CPU jobs as the one-node tests
 
+pytestmark = pytest.mark.slow  # a local Ray cluster whose nodes come and go
+
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kernel_env[ray]')")
 
 from ray.cluster_utils import Cluster  # noqa: E402

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from support import ray_busy_worker, ray_workers_started, snapshot_job
 
+pytestmark = pytest.mark.slow  # a local Ray instance, evaluation jobs on it
+
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kernel_env[ray]')")
 
 from kernel_env.evaluators.records import EvalJob, EvalSettings, Mode  # noqa: E402

@@ -31,6 +31,8 @@ from kernel_env.evaluators.harness import evaluate
 from kernel_env.evaluators.records import Mode
 from kernel_env.runtime.pool import LocalPool
 
+pytestmark = pytest.mark.slow  # every attack through the whole harness, after test_evaluation's jobs
+
 #: Timed like the default protocol (30 timed calls): the attacks' medians are less noisy on a busy 2-core machine.
 TIMED = SETTINGS.model_copy(update={"timed_calls": 30})
 

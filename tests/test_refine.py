@@ -331,6 +331,7 @@ def _cpp_answer(kernel: str, extra: str = "") -> str:
             f"<file path=\"model_new.py\">\n{CHAIN_MODEL}</file>\n</cpp>")
 
 
+@pytest.mark.slow  # 16 s: a C++ build and a timed evaluation
 def test_cpp_build_error_then_fused_kernel_reaches_success_fast():
     env = KernelRefineEnv(CHAIN_TASK, language="cpp", device="cpu", settings=SETTINGS, max_turns=4)
     try:

@@ -30,6 +30,7 @@ import pytest
 from support import bubblewrap_skip_reason
 
 import kernel_env
+from kernel_env.evaluators.records import EvalSettings
 from kernel_env.resources import example_dir
 from kernel_env.tools import tool_schemas
 
@@ -44,12 +45,12 @@ from kernel_env.integrations.openenv_client import (
     ServerError,
 )
 
-pytestmark = pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")
+pytestmark = [pytest.mark.slow,  # end to end: real sandboxes, episodes and trusted evaluations
+              pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")]
 
 TASK_CODE = (example_dir() / "task.py").read_text().replace("1 << 24", "1 << 12")
 SOLUTION = example_dir() / "solutions" / "cpp"
-SETTINGS = {"timed_calls": 5, "min_timed_calls": 5, "warmup_calls": 1,
-            "compile_baseline": False}
+SETTINGS = EvalSettings.short().model_dump()
 FINISH = {"name": "Finish", "arguments": {}}
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -211,6 +211,7 @@ def test_a_straggler_that_cannot_be_frozen_is_waited_for():
     assert waited >= 0.5 and lease.stragglers == 0, waited
 
 
+@pytest.mark.slow  # 13 s: real evaluations side by side
 def test_jobs_sharing_a_lease_are_judged_as_alone(tmp_path):
     """Two verifications and a profile of the bundled Triton solution at once, through real children
     on the CPU: all correct, and the profile's timing runs overlap none of the others' steps."""

@@ -57,6 +57,7 @@ HONEST = {
 }
 
 
+@pytest.mark.slow  # 5.5 s each: a probe process and the search for trivial answers
 @pytest.mark.parametrize("name", DEGENERATE)
 def test_a_task_that_a_trivial_answer_passes_is_refused_with_its_reason(name):
     degenerate, says = DEGENERATE[name]
@@ -78,6 +79,7 @@ def test_an_input_the_output_ignores_is_a_warning():
     assert info.warnings == ["the output does not depend on input 1 (changing it changed nothing)"]
 
 
+@pytest.mark.slow  # 5.4 s: the search for trivial answers
 def test_a_loss_that_is_the_same_for_every_standard_normal_input_is_accepted_thanks_to_the_variants():
     """A mean over many elements hardly moves between seeds of one distribution: with every trial on
     the task's own inputs, the first trial's output replayed would pass. The variants change the
@@ -183,6 +185,7 @@ def test_a_bfloat16_kernel_that_rounds_once_is_judged_against_a_float32_referenc
     assert not wrong.correct and wrong.fault == "candidate", wrong
 
 
+@pytest.mark.slow  # 5.5 s: the search for trivial answers
 def test_a_variant_that_makes_the_reference_raise_falls_back_and_is_a_warning():
     """Inputs in [0, 1) scaled into indices: scaled up by 4, they run out of range (IndexError on the CPU,
     a device-side assert on a GPU). The trial falls back to the task's own inputs; --check says so."""

@@ -125,6 +125,7 @@ def test_baselines_are_measured_once_and_cached(tmp_path):
     assert second.eager == first.eager  # read back from the cache, not measured again
 
 
+@pytest.mark.slow  # 13 s: measures torch.compile
 def test_a_cached_baseline_without_compile_is_remeasured_for_a_job_that_wants_compile(tmp_path):
     from kernel_env.evaluators.baselines import BaselineCache
     from kernel_env.evaluators.harness import measure_baselines

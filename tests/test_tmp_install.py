@@ -23,6 +23,8 @@ import pytest
 
 from support import bubblewrap_skip_reason
 
+pytestmark = pytest.mark.slow  # end to end: a venv and checkout under /tmp, a real grade
+
 ROOT = Path(__file__).resolve().parents[1]
 _CHECKOUT_PARTS = ("kernel_env", "envs", "tools", "evaluators", "skills", "workspace_template", "examples",
                    "sandbox_images", "pyproject.toml")

@@ -38,7 +38,8 @@ from test_trainer_adapters import API_KEY_VAR, SETTINGS, call, evaluate, hermes
 
 from kernel_env.resources import example_dir
 
-pytestmark = pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")
+pytestmark = [pytest.mark.slow,  # end to end: real sandboxes, episodes and trusted evaluations
+              pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")]
 
 RECIPES = Path(__file__).resolve().parents[1] / "examples" / "train"
 TASK_CODE = (example_dir() / "task.py").read_text().replace("1 << 24", "1 << 12")

@@ -39,11 +39,11 @@ TASK_4K = Task(id="test/relu_add_4k", name="relu_add_4k",
                code=(example_dir() / "task.py").read_text().replace("N = 1 << 24", "N = 1 << 12"))
 SOLUTION = example_dir() / "solutions" / "cpp"
 TRITON_SOLUTION = (example_dir() / "solutions" / "triton" / "model_new.py").read_text()
-SETTINGS = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1, 
-                        compile_baseline=False, speedup_margin=1.0)
+SETTINGS = EvalSettings.short(speedup_margin=1.0)
 API_KEY_VAR = "KERNEL_ENV_TEST_API_KEY"
 
-pytestmark = pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")
+pytestmark = [pytest.mark.slow,  # end to end: real sandboxes, episodes and trusted evaluations
+              pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")]
 
 
 def call(name: str, **arguments) -> dict:

@@ -36,6 +36,8 @@ from packaging.requirements import Requirement
 from scripted_llm import Reply, ScriptedLLM
 from support import bubblewrap_skip_reason
 
+pytestmark = pytest.mark.slow  # end to end: docs/trainers.md's blocks run, servers started
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "trainers.md"
 KINDS = ("run", "serve", "model", "installed", "skip")

@@ -26,6 +26,8 @@ from transformers import TrainerCallback
 from kernel_env import headers
 from kernel_env.resources import example_dir
 
+pytestmark = pytest.mark.slow  # end to end: two GRPO training runs on real episodes
+
 pytest.importorskip("trl", reason="the train extra (pip install -e '.[train]') is not installed")
 _SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train" / "trl_grpo.py"
 _SPEC = importlib.util.spec_from_file_location("trl_grpo", _SCRIPT)

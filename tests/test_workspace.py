@@ -10,7 +10,7 @@ import pytest
 
 from kernel_env.config import workspaces_dir
 from kernel_env.resources import data_dir, example_dir
-from kernel_env.workspace import PROTECTED, Workspace
+from kernel_env.workspace import PROTECTED, Workspace, state_checks
 
 BINDING_FILES = {"binding.cpp", "binding_registry.h"}
 COMMON = {"SKILL.md", "kernels", "utils", "model.py", "model_new.py"}
@@ -62,9 +62,11 @@ def test_the_workspace_holds_the_task_the_skill_and_the_starter(make_workspace, 
     ws = make_workspace(language, tiny_task)
     assert (ws.path / "model.py").read_text() == tiny_task.code
     skills = data_dir("skills") / language
-    assert (ws.path / "SKILL.md").read_bytes() == (skills / "SKILL.md").read_bytes()
+    assert (ws.path / "SKILL.md").read_text() == state_checks((skills / "SKILL.md").read_text(), None)
     assert (ws.path / "model_new.py").read_bytes() == (skills / "model_new.py").read_bytes()
-    assert _files_under(ws.path / "utils") == _files_under(data_dir("workspace_template") / "utils")
+    template = _files_under(data_dir("workspace_template") / "utils")
+    template["verification.py"] = state_checks(template["verification.py"].decode(), None).encode()
+    assert _files_under(ws.path / "utils") == template
     assert {"compile.sh"} <= set(_files_under(ws.path / "utils"))
     assert ws.task is tiny_task and ws.language.name == language
 
@@ -190,3 +192,13 @@ def test_destroy_removes_everything_including_read_only_files(make_workspace):
 def test_an_unknown_language_is_refused_with_the_choices(tiny_task, tmp_path):
     with pytest.raises(ValueError, match="unknown language 'fortran'; choose one of cuda, cpp, triton"):
         Workspace.create(tiny_task, "fortran", root=tmp_path)
+
+
+@pytest.mark.parametrize("language", ["cuda", "cpp", "triton"])
+def test_the_skill_and_the_verification_script_state_the_checks_the_workspace_gets(tmp_path, tiny_task, language):
+    ws = Workspace.create(tiny_task, language, root=tmp_path, checks=(7, 1e-3, 2e-3))
+    for text in ((ws.path / "SKILL.md").read_text(), (ws.path / "utils" / "verification.py").read_text()):
+        assert "{all_trials}" not in text and "{tolerance}" not in text
+        assert "atol = 0.001, rtol = 0.002" in text
+    assert "all 7 trials" in (ws.path / "SKILL.md").read_text()
+    assert not ws.tampered_files()

@@ -65,8 +65,7 @@ from kernel_env.tools import TOOLS, openai_schema
 TOOL_NAMES = ["Bash", "Read", "Write", "Edit", "Glob", "Grep", "Finish"]
 
 #: The shortened protocol of the CPU tests: fewer timed calls and no torch.compile baseline.
-SHORT_PROTOCOL = EvalSettings(timed_calls=5, min_timed_calls=5, warmup_calls=1,
-                              compile_baseline=False)
+SHORT_PROTOCOL = EvalSettings.short()
 
 #: What ``Finish`` answers: the episode is over, its final step is running in the background.
 FINISHED = ("Finished: the episode is over. Your solution is now rebuilt from scratch and evaluated by the trusted "

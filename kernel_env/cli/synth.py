@@ -11,7 +11,6 @@ far is written: rerun to resume).
 from __future__ import annotations
 
 import enum
-import os
 import random
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from kernel_env import config
 from kernel_env.cli import options
 from kernel_env.cli.common import (
     EXIT_INTERRUPTED,
@@ -240,7 +240,7 @@ def _eval_set(spec: str | None) -> tuple[list[Task], str, str | None]:
     """The decontamination set: --eval-set, else $KERNEL_ENV_KERNELBENCH, else the bundled examples (with a note)."""
     note = None
     if spec is None:
-        spec = os.environ.get("KERNEL_ENV_KERNELBENCH")
+        spec = config.kernelbench_root()
         if not spec:
             spec = "examples"
             note = ("decontaminated against the bundled examples only: pass --eval-set KernelBench/ (or set "

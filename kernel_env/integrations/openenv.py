@@ -103,6 +103,7 @@ except ModuleNotFoundError as exc:  # the extra is not installed
                               "install them with: pip install -e '.[serve]' (in the checkout)", name=exc.name) from exc
 
 import kernel_env
+from kernel_env.config import DEFAULT_POOL
 from kernel_env.envs import make
 from kernel_env.envs.common import EpisodeEnv
 from kernel_env.runtime.episode import check_device
@@ -477,7 +478,7 @@ class KernelEnvServer:
     language the device cannot run, ValueError for bad devices or devices with a Ray pool."""
 
     def __init__(self, env: str = "agent", *, max_sessions: int = 64, idle_timeout_s: float | None = 1800.0,
-                 drain_grace_s: float = 60.0, pool: str = "local", devices: list[str] | None = None,
+                 drain_grace_s: float = 60.0, pool: str = DEFAULT_POOL, devices: list[str] | None = None,
                  **env_options: Any):
         if env not in ENVIRONMENTS:
             raise ValueError(f"unknown environment {env!r}; available: {', '.join(ENVIRONMENTS)}")

@@ -91,6 +91,7 @@ except ModuleNotFoundError as exc:  # the extra is not installed
 
 from pydantic import Field, PrivateAttr, create_model
 
+from kernel_env.config import DEFAULT_SANDBOX
 from kernel_env.evaluators.records import EvalResult, EvalSettings
 from kernel_env.evaluators.report import model_report
 from kernel_env.evaluators.reward import RewardKind, paid_reward
@@ -101,6 +102,7 @@ from kernel_env.sandbox import SandboxError
 from kernel_env.tasks import Task, resolve_task
 from kernel_env.tools import DEFAULT_MAX_OUTPUT_CHARS, TOOLS, Tool as KernelEnvTool, ToolBox, ToolCall
 from kernel_env.tools.schema import unwrap
+from kernel_env.workspace import state_checks
 
 #: kernel_env's tools offered to an OpenHands agent: all but Finish (OpenHands' own finish ends
 #: the conversation).
@@ -133,7 +135,7 @@ class KernelWorkspace(LocalWorkspace):
     _toolbox: ToolBox | None = PrivateAttr(default=None)
 
     @classmethod
-    def open(cls, task: Task | str, *, language: str | None = None, device: str | None = None, sandbox: str = "local",
+    def open(cls, task: Task | str, *, language: str | None = None, device: str | None = None, sandbox: str = DEFAULT_SANDBOX,
              pool: GpuPool | str | None = None, settings: EvalSettings | None = None,
              max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS, kernelbench_root: str | None = None) -> KernelWorkspace:
         """Open an episode the way KernelAgent-v0's ``reset`` does (same defaults) and wrap it.
@@ -352,7 +354,7 @@ def kernel_skill(language: str) -> Skill:
     if _INLINE_COMMAND.search(skill.content):
         raise OpenHandsError(f"{skill_file(language)} contains an inline !`command`, which OpenHands would run on "
                              "the host")
-    return skill.model_copy(update={"source": None})
+    return skill.model_copy(update={"source": None, "content": state_checks(skill.content, None)})
 
 
 def kernel_agent(llm: LLM, language: str, *, tools: Iterable[str] | None = None, **options: Any) -> Agent:
@@ -414,7 +416,7 @@ class OpenHandsRun:
 
 
 def run_openhands(task: Task | str, llm: LLM, *, language: str | None = None, device: str | None = None,
-                  sandbox: str = "local", pool: GpuPool | str | None = None, settings: EvalSettings | None = None,
+                  sandbox: str = DEFAULT_SANDBOX, pool: GpuPool | str | None = None, settings: EvalSettings | None = None,
                   max_iterations: int = 150, selection: Selection = "best", reward_kind: str = "milestone",
                   tools: Iterable[str] | None = None, output: str | Path | None = None, visualize: bool = False,
                   callbacks: list[Callable[[Event], None]] | None = None, kernelbench_root: str | None = None,

@@ -1,6 +1,6 @@
 """One task in one workspace: workspace + sandbox + broker + pool, wired together.
 
-This is the flow of DESIGN.md's episode without the RL interface: ``run-task``, the
+An episode's flow (docs/design.md, Environments) without the RL interface: ``run-task``, the
 environments and the OpenHands plug-in all build on it, so the agent's tools, its
 compile/verify/profile commands and the final trusted evaluation are the same everywhere.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from kernel_env.config import DEFAULT_SANDBOX
 from kernel_env.evaluators.records import EvalResult, EvalSettings, Mode
 from kernel_env.evaluators.verdict import failed
 from kernel_env.languages import Language, get_language
@@ -109,7 +110,7 @@ class Episode:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def open(cls, task: Task, *, language: str | None = None, device: str | None = None, sandbox: str = "local",
+    def open(cls, task: Task, *, language: str | None = None, device: str | None = None, sandbox: str = DEFAULT_SANDBOX,
              pool: GpuPool | None = None, root: str | Path | None = None, settings: EvalSettings | None = None,
              sandbox_options: dict | None = None) -> Episode:
         """Set up the task's workspace, sandbox and broker. ``language`` and ``device`` default by
@@ -118,7 +119,8 @@ class Episode:
         lang = get_language(language)
         check_device(lang, device)
         allow_many_open_files()
-        workspace = Workspace.create(task, lang, root=root)
+        checks = settings or EvalSettings()
+        workspace = Workspace.create(task, lang, root=root, checks=(checks.trials, checks.atol, checks.rtol))
         broker = Broker(pool or default_pool(), device=device, settings=settings)
         try:
             broker_dir = broker.serve(workspace)
@@ -220,7 +222,7 @@ class Episode:
 
 
 def run_solution(task: Task, solution: str | Path, *, language: str | None = None, device: str | None = None,
-                 sandbox: str = "local", pool: GpuPool | None = None, settings: EvalSettings | None = None,
+                 sandbox: str = DEFAULT_SANDBOX, pool: GpuPool | None = None, settings: EvalSettings | None = None,
                  mode: Mode = Mode.FINAL) -> tuple[ExecResult, EvalResult]:
     """Copy a solution into a fresh workspace, build it in the sandbox, evaluate it: (build, result).
     ``language`` and ``device`` follow the machine unless named (``language_and_device``). Its

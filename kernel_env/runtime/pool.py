@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from kernel_env import config
 from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.harness import evaluate, reserve_spares
 from kernel_env.evaluators.records import EvalJob, EvalResult
@@ -109,30 +110,11 @@ class _QueuedPool(ABC):
         self.close()
 
 
-def default_jobs_per_gpu() -> int:
-    """Jobs one GPU runs at once: ``KERNEL_ENV_JOBS_PER_GPU``, else 4."""
-    return _jobs_setting("KERNEL_ENV_JOBS_PER_GPU", 4)
-
-
-def default_jobs_per_cpu() -> int:
-    """Jobs the CPU device runs at once: ``KERNEL_ENV_JOBS_PER_CPU``, else 2 (a job that hangs
-    then takes one slot, while the other's timing runs freeze it)."""
-    return _jobs_setting("KERNEL_ENV_JOBS_PER_CPU", 2)
-
-
-def _jobs_setting(name: str, default: int) -> int:
-    value = os.environ.get(name, str(default))
-    try:
-        return max(1, int(value))
-    except ValueError:
-        raise ValueError(f"{name}={value!r}: give a whole number of jobs (1 runs one job at a time)") from None
-
-
 class LocalPool(_QueuedPool):
     """Workers for the devices of this machine.
 
-    A GPU runs up to ``jobs_per_gpu`` jobs at once (``default_jobs_per_gpu()``), the CPU device
-    ``jobs_per_cpu`` (``default_jobs_per_cpu()``): their untimed steps side by side and each
+    A GPU runs up to ``jobs_per_gpu`` jobs at once (``config.jobs_per_gpu()``), the CPU device
+    ``jobs_per_cpu`` (``config.jobs_per_cpu()``): their untimed steps side by side and each
     timing run alone, under the device's ``DeviceLease`` (evaluators/sharing.py), the other jobs'
     processes frozen meanwhile. A job that runs out of device memory beside others is run again
     with the GPU to itself before it is answered (``_evaluate``)."""
@@ -150,8 +132,8 @@ class LocalPool(_QueuedPool):
         super().__init__()
         self.devices = devices or gpus or ["cpu"]
         self.baselines = baselines or BaselineCache()
-        self.jobs_per_gpu = jobs_per_gpu or default_jobs_per_gpu()
-        self.jobs_per_cpu = jobs_per_cpu or default_jobs_per_cpu()
+        self.jobs_per_gpu = jobs_per_gpu or config.jobs_per_gpu()
+        self.jobs_per_cpu = jobs_per_cpu or config.jobs_per_cpu()
         slots = {d: self.jobs_per_gpu if d.startswith("cuda") else self.jobs_per_cpu for d in self.devices}
         #: The shared devices' leases, by device. The CPU's lease freezes a step mid-way at once (a frozen process leaves nothing running);
         # a GPU's lets a step run a second first (a kernel it already launched would run on).
@@ -258,8 +240,8 @@ class RayPool(_QueuedPool):
             log.warning("Ray pool: Ray is already initialised in this process; its address and init options "
                         "are not used (ray.shutdown() first to connect elsewhere)")
         self._ray = ray
-        self.jobs_per_gpu = jobs_per_gpu or default_jobs_per_gpu()
-        self.jobs_per_cpu = jobs_per_cpu or default_jobs_per_cpu()
+        self.jobs_per_gpu = jobs_per_gpu or config.jobs_per_gpu()
+        self.jobs_per_cpu = jobs_per_cpu or config.jobs_per_cpu()
         self.refresh_s = refresh_s
         #: GPUs of the cluster's live nodes, when it was last looked at.
         self.gpus = 0
@@ -596,5 +578,5 @@ def default_pool() -> GpuPool:
     return shared_pool("local")
 
 
-__all__ = ["GpuPool", "LocalPool", "RayPool", "default_jobs_per_cpu", "default_jobs_per_gpu", "default_pool", "make_pool",
+__all__ = ["GpuPool", "LocalPool", "RayPool", "default_pool", "make_pool",
            "shared_pool", "visible_gpus"]

@@ -7,11 +7,11 @@ sets (``sources.py``). Loading never executes task code (``validate.py`` does, i
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from kernel_env import config
 from kernel_env.resources import data_dir
 from kernel_env.tasks.sources import (
     RECORD_SUFFIXES,
@@ -112,7 +112,7 @@ def resolve_task(spec: str | Path, *, kernelbench_root: str | Path | None = None
         return _example_task(spec_str.split("/", 1)[1].removesuffix("/task.py").rstrip("/"))
     match = re.fullmatch(r"kernelbench/L(\d+)/(\w+)", spec_str)
     if match:
-        root = kernelbench_root or os.environ.get("KERNEL_ENV_KERNELBENCH")
+        root = kernelbench_root or config.kernelbench_root()
         if not root:
             raise TaskError(f"task {spec_str}: set KERNEL_ENV_KERNELBENCH (or pass --kernelbench) to a KernelBench checkout")
         level = int(match.group(1))

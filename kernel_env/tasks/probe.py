@@ -7,8 +7,8 @@ network, or to start processes, so a task that would do any of these is reported
 Shapes are taken under FakeTensorMode first (no memory, no compute); only operators fake tensors
 cannot handle fall back to a real run on the CPU.
 
-The screen (``evaluators/child/screen.py``, the one the evaluation's reference process runs on
-every job) then runs the task for real on the CPU where that is cheap (``_SCREEN_FLOPS``,
+The screen (``evaluators/child/screen.py``, the one the evaluation's judge runs on each task's
+first job) then runs the task for real on the CPU where that is cheap (``_SCREEN_FLOPS``,
 ``_SCREEN_BYTES``, counted under fake tensors): the trials' inputs and their variants, which
 trivial answers pass every trial, and which inputs the output does not depend on.
 """
@@ -239,7 +239,7 @@ def main() -> None:
         affordable = report.pop("flops") <= _SCREEN_FLOPS and report.pop("bytes") <= _SCREEN_BYTES
         if request.get("screen", True) and affordable:
             try:
-                report["screen"] = _screen(namespace, request.get("atol", 1e-2), request.get("rtol", 1e-2))
+                report["screen"] = _screen(namespace, request["atol"], request["rtol"])
             except _Failure:
                 raise
             except Exception as exc:  # noqa: BLE001 - the task's own failure, named

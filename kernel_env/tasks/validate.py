@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from kernel_env.config import DEFAULT_ATOL, DEFAULT_RTOL
 from kernel_env.tasks.task import Task, TaskError
 
 
@@ -32,8 +33,8 @@ class TaskInfo:
     warnings: list[str] = field(default_factory=list)
 
 
-def validate_task(task: Task, *, timeout: float = 180.0, allow_trivial: bool = False, atol: float = 1e-2,
-                  rtol: float = 1e-2) -> TaskInfo:
+def validate_task(task: Task, *, timeout: float = 180.0, allow_trivial: bool = False,
+                  atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL) -> TaskInfo:
     """Run the task in a locked-down probe process; raise TaskError with one clear line if it is
     unusable: it does not run, or (unless ``allow_trivial``) a trivial answer passes it at the
     evaluator's tolerance (``atol``, ``rtol``), or its output is not finite."""

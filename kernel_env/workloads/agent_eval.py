@@ -31,10 +31,10 @@ evaluation failed by the evaluator's fault (the environment truncates it, ``info
 recorded with ``stop="evaluator_fault"`` and no reward: it says nothing of the model. A server that cannot
 be reached at all ends the run (``ServerUnreachable``), before the first episode (then nothing is
 written: the run file is made once the server has answered) or when an episode's retries end on
-a refused connection; finished records stay. Every record is appended
-and flushed as its episode ends, and a rerun with the same output skips every task that already
-has a record with a verdict (not "error" nor "evaluator_fault"), so an interrupted or partly
-failed run is resumed by running it again.
+a refused connection; finished records stay. Every record is appended and fsynced as its episode
+ends (the output is a journal: ``kernel_env.workloads.journal``), and a rerun with the same output
+skips every task that already has a record with a verdict (not "error" nor "evaluator_fault"), so
+an interrupted or partly failed run is resumed by running it again.
 
 Why one module of ~500 lines: the configuration, the run file, the run and the conversation are
 one run's parts, each small, and each is read against the others.
@@ -44,9 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
-import os
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -56,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+from pydantic import ValidationError
 
 from kernel_env.envs.agent import KernelAgentEnv
 from kernel_env.evaluators.records import EvalSettings
@@ -68,6 +67,7 @@ from kernel_env.runtime.episode import (
 )
 from kernel_env.runtime.pool import GpuPool
 from kernel_env.tasks import Task
+from kernel_env.workloads.journal import Journal, JournalError
 from kernel_env.workloads.llm import (
     DEFAULT_BASE_URL,
     TOOL_SERVE_HINT,
@@ -78,7 +78,7 @@ from kernel_env.workloads.llm import (
     connect,
     why,
 )
-from kernel_env.workloads.metrics import UNDECIDED_STOPS, EpisodeRecord, RecordError, read_records
+from kernel_env.workloads.metrics import UNDECIDED_STOPS, EpisodeRecord, RecordError
 
 log = logging.getLogger(__name__)
 
@@ -189,27 +189,41 @@ TurnCallback = Callable[[str, int, int], None]
 
 
 class RunFile:
-    """A run's JSONL output: one episode record per line, appended and flushed as episodes end.
+    """A run's JSONL output: one episode record per line, a journal (``kernel_env.workloads.journal``):
+    each record is on disk (fsynced) when its episode's ``append`` returns.
 
-    ``read`` reads what is there, if anything (raising RecordError for a file that is not a run
-    file), and cuts a torn last line (a record half-written when a run was killed: its episode did
-    not finish); ``create`` makes the file when the run starts, so a run that never started leaves
-    none. The file's mode is the umask's (0644 under the usual 022), as for every output."""
+    ``read`` reads what is there, if anything, and changes nothing; it raises RecordError for a file
+    that is not a run file: every line must be an episode record, as ``kernel-env report`` reads
+    it, but a torn last line (a record half-written when a run was killed: its episode did not
+    finish) is left out. ``create`` makes the file when the run starts, so a run that never
+    started leaves none, and cuts that torn line. The file's mode is the umask's (0644 under the
+    usual 022), as for every output."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.journal = Journal(self.path)
         self.records: list[EpisodeRecord] = []
 
     def read(self) -> RunFile:
-        if self.path.exists():
-            self._cut_torn_tail()
-            self.records = read_records(self.path)
+        try:
+            entries = self.journal.read()
+        except JournalError as exc:
+            raise self._not_a_record(exc.line, exc.why) from None
+        if self.journal.skipped:  # the report would refuse the file: so does the run
+            raise self._not_a_record(self.journal.skipped[0], "a torn record inside the file")
+        self.records = []
+        for entry in entries:
+            try:
+                self.records.append(EpisodeRecord.model_validate(entry.record))
+            except ValidationError as exc:
+                problem = exc.errors()[0]
+                where = ".".join(str(part) for part in problem["loc"]) or "the line"
+                raise self._not_a_record(entry.line, f"{where}: {problem['msg']}") from None
         return self
 
     def create(self) -> RunFile:
-        """Make the (empty) file if it is not there yet, and its folder."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.touch()
+        """Make the (empty) file if it is not there yet, and its folder; cut a torn last line."""
+        self.journal.create()
         return self
 
     def open(self) -> RunFile:
@@ -223,27 +237,12 @@ class RunFile:
 
     def append(self, record: EpisodeRecord) -> None:
         """Write one record as a line; on disk (flushed, fsynced) when this returns."""
-        with self.path.open("a") as handle:
-            handle.write(record.model_dump_json() + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        self.journal.append(record.model_dump_json())
         self.records.append(record)
 
-    def _cut_torn_tail(self) -> None:
-        data = self.path.read_bytes()
-        if not data or data.endswith(b"\n"):
-            return
-        start = data.rfind(b"\n") + 1
-        try:
-            json.loads(data[start:])
-        except ValueError:
-            with self.path.open("r+b") as handle:
-                handle.truncate(start)
-            log.warning("run file %s: cut a torn last line (an episode that was being written when a run stopped)",
-                        self.path)
-            return
-        with self.path.open("ab") as handle:  # a whole record without its newline: keep it, end the line
-            handle.write(b"\n")
+    def _not_a_record(self, line: int, why: str) -> RecordError:
+        return RecordError(f"run file {self.path}, line {line}: not an episode record ({why}); "
+                           f"is this a `kernel-env eval` output?")
 
 
 # ============================================================================ the run
@@ -286,6 +285,8 @@ async def run_agent_eval(tasks: Iterable[Task], config: AgentRunConfig, output: 
     config = dataclasses.replace(config, base_url=server.base_url, model=server.model, language=language, device=device)
     try:
         run_file.create()
+    except JournalError as exc:
+        raise EvalRunError(f"output {output}: {exc}") from None
     except OSError as exc:
         raise EvalRunError(f"output {output}: {exc.strerror or exc}") from None
     client = openai.AsyncOpenAI(base_url=server.base_url, api_key=config.api_key, timeout=config.request_timeout,

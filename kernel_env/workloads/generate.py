@@ -67,6 +67,7 @@ from kernel_env.runtime.episode import EpisodeError, check_device, language_and_
 from kernel_env.runtime.pool import GpuPool, shared_pool
 from kernel_env.sandbox import SandboxError
 from kernel_env.tasks import Task, TaskError, load_jsonl, load_kernelbench, load_tasks
+from kernel_env.workloads.journal import Journal, JournalError
 from kernel_env.workloads.llm import (
     DEFAULT_BASE_URL,
     SERVE_HINT,
@@ -165,14 +166,15 @@ class RefineQueue:
 class TraceStore:
     """The output: a JSON list of traces, and a journal of the traces finished since it was written.
 
-    ``open`` reads it and folds a crashed run's journal; ``create`` makes the output when a run
-    starts (a run that never started leaves none); ``add`` makes a trace durable (journal line,
-    fsync) before it returns; ``fold`` rewrites the JSON list atomically, then drops the journal.
+    ``open`` reads it and folds a crashed run's journal (``kernel_env.workloads.journal``: a torn
+    last line is left out, and cut before the next trace is added); ``create`` makes the output when
+    a run starts (a run that never started leaves none); ``add`` makes a trace durable (journal
+    line, fsync) before it returns; ``fold`` rewrites the JSON list atomically, then drops the journal.
     Files get the umask's mode, or keep the mode of the output they replace."""
 
     def __init__(self, path: str | Path, *, fold_every: int = 50):
         self.path = Path(path)
-        self.journal = self.path.with_name(self.path.name + ".journal.jsonl")
+        self.journal = Journal(self.path.with_name(self.path.name + ".journal.jsonl"))
         self.fold_every = fold_every
         self.traces: dict[str, dict[str, Any]] = {}
         self._unfolded = 0
@@ -184,7 +186,8 @@ class TraceStore:
         self.fold()
 
     def open(self) -> TraceStore:
-        """Read the output and any journal; raises GenerateError if the output is not a trace list."""
+        """Read the output and any journal; raises GenerateError if the output is not a trace list or
+        the journal not a journal."""
         if self.path.exists():
             try:
                 existing = json.loads(self.path.read_text() or "[]")
@@ -196,15 +199,14 @@ class TraceStore:
                                     f"or pass another --output")
             for trace in existing:
                 self.traces[trace["sample_key"]] = trace
-        if self.journal.exists():
-            for line in self.journal.read_text().splitlines():
-                try:
-                    trace = json.loads(line)
-                except ValueError:
-                    continue  # the torn last line of a crash: that trace was not finished
-                if isinstance(trace, dict) and "sample_key" in trace:
-                    self.traces[trace["sample_key"]] = trace
-                    self._unfolded += 1
+        try:
+            entries = self.journal.read()  # without a torn last line (a crash mid-write): that trace did not finish
+        except JournalError as exc:
+            raise GenerateError(f"{exc}; move it away to run again") from None
+        for entry in entries:
+            if "sample_key" in entry.record:
+                self.traces[entry.record["sample_key"]] = entry.record
+                self._unfolded += 1
         self.fold()
         return self
 
@@ -219,11 +221,7 @@ class TraceStore:
 
     def add(self, trace: dict[str, Any]) -> None:
         """Keep a finished trace: on disk (journal, fsynced) before this returns."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.journal.open("a") as handle:
-            handle.write(json.dumps(trace, default=str) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        self.journal.append(json.dumps(trace, default=str))
         self.traces[trace["sample_key"]] = trace
         self._unfolded += 1
         if self._unfolded >= self.fold_every:
@@ -253,7 +251,7 @@ class TraceStore:
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
-        self.journal.unlink(missing_ok=True)
+        self.journal.path.unlink(missing_ok=True)
         self._unfolded = 0
 
 

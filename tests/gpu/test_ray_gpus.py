@@ -14,9 +14,10 @@ import pytest
 import torch
 from support import ray_busy_worker, ray_workers_started, snapshot_job
 
+from kernel_env.config import jobs_per_gpu
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
 from kernel_env.resources import example_dir
-from kernel_env.runtime.pool import RayPool, default_jobs_per_gpu
+from kernel_env.runtime.pool import RayPool
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kernel_env[ray]')")
 
@@ -49,7 +50,7 @@ def _gpu(result: EvalResult) -> str:
 def test_two_jobs_run_at_once_each_on_its_own_gpu(ray_pool, tmp_path):
     workers = ray_workers_started(ray_pool, 2)
     assert ray_pool.gpus == 2 and sorted(w["device"] for w in workers) == ["cuda:0", "cuda:1"], workers
-    assert ray_pool.slots == 2 * default_jobs_per_gpu()
+    assert ray_pool.slots == 2 * jobs_per_gpu()
     # Out of the way first: Triton's first compile, and each worker's first job (its fork server's start).
     for warm_up in [ray_pool.submit(_job(tmp_path)) for _ in range(2)]:
         warm_up.result(timeout=600)

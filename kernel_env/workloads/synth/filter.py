@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel_env.config import DEFAULT_ATOL, DEFAULT_RTOL
 from kernel_env.evaluators.child.protocol import RefInit, RefScreen, RefTime, RefTimeAnswer, Setup, SetupAnswer
 from kernel_env.evaluators.children import Child, ChildError, CommandFailed
 from kernel_env.evaluators.sharing import DeviceLease
@@ -91,8 +92,8 @@ class FilterSettings:
     max_ms: float | None = None
     timed_calls: int = 10
     warmup_calls: int = 2
-    atol: float = 1e-2
-    rtol: float = 1e-2
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
     repeat_tolerance: float = 1e-6
     distinct_tolerance: float = 1e-6
     flush_bytes: int = 256 << 20

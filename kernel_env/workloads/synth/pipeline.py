@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
-import os
 import platform
 import statistics
 from collections import Counter
@@ -35,6 +34,7 @@ from typing import Any
 
 from kernel_env.tasks import Task
 from kernel_env.tasks.sources import write_records
+from kernel_env.workloads.journal import Journal, JournalError
 from kernel_env.workloads.llm import DEFAULT_BASE_URL
 from kernel_env.workloads.synth.compose import (
     PAPER_OP_COUNT_WEIGHTS,
@@ -195,8 +195,9 @@ class SynthSummary:
 
 
 class _State:
-    """The work folder: config check, append-only candidates and verdicts (a torn last line, from
-    an interrupted write, is ignored and its candidate redone)."""
+    """The work folder: config check, append-only candidates and verdicts, each a journal
+    (``kernel_env.workloads.journal``: a torn last line, from an interrupted write, is cut and its
+    candidate redone)."""
 
     def __init__(self, directory: Path, decisive: dict[str, Any], *, restart: bool):
         self.dir = directory
@@ -213,42 +214,28 @@ class _State:
                                  "the same settings to resume, or pass --restart (or another --out) to start afresh")
         else:
             config_path.write_text(json.dumps(decisive, indent=2) + "\n")
-        self.candidates = {c.index: c for c in map(Candidate.from_record, self._read("candidates.jsonl"))}
-        self.verdicts = {v.index: v for v in map(Verdict.from_record, self._read("verdicts.jsonl"))}
-        self._files = {name: open(self.dir / name, "a") for name in ("candidates.jsonl", "verdicts.jsonl")}
-        for name, handle in self._files.items():  # after a torn last line, start on a line of our own
-            if handle.tell() and not (self.dir / name).read_bytes().endswith(b"\n"):
-                handle.write("\n")
+        self._candidates = Journal(self.dir / "candidates.jsonl")
+        self._verdicts = Journal(self.dir / "verdicts.jsonl")
+        self.candidates = {c.index: c for c in map(Candidate.from_record, self._read(self._candidates))}
+        self.verdicts = {v.index: v for v in map(Verdict.from_record, self._read(self._verdicts))}
 
-    def _read(self, name: str) -> list[dict]:
-        path = self.dir / name
-        if not path.exists():
-            return []
-        records = []
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # the torn tail of an interrupted run
+    @staticmethod
+    def _read(journal: Journal) -> list[dict[str, Any]]:
+        """The journal's records, the file made (and a torn last line cut) for this run's appends."""
+        try:
+            records = [entry.record for entry in journal.read()]
+            journal.create()
+        except JournalError as exc:
+            raise SynthError(f"{exc}; pass --restart (or another --out) to start afresh") from None
         return records
-
-    def _append(self, name: str, record: dict) -> None:
-        handle = self._files[name]
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
 
     def add_candidate(self, candidate: Candidate) -> None:
         self.candidates[candidate.index] = candidate
-        self._append("candidates.jsonl", candidate.to_record())
+        self._candidates.append(candidate.to_record())
 
     def add_verdict(self, verdict: Verdict) -> None:
         self.verdicts[verdict.index] = verdict
-        self._append("verdicts.jsonl", verdict.to_record())
-
-    def close(self) -> None:
-        for handle in self._files.values():
-            handle.close()
+        self._verdicts.append(verdict.to_record())
 
 
 # --------------------------------------------------------------------------- the run
@@ -314,7 +301,6 @@ def run(config: SynthConfig, *, restart: bool = False, on_progress: Callable[[Sy
         raise SynthError(str(exc)) from None
     finally:
         summary = _finish(config, state, notes)
-        state.close()
     return summary
 
 
