@@ -72,9 +72,10 @@ def docker_engine() -> None:
         pytest.skip(reason)
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=[pytest.param(b, marks=pytest.mark.slow) if b == "docker" else b for b in BACKENDS])
 def backend(request: pytest.FixtureRequest) -> str:
-    """Each sandbox backend in turn (docker only where an engine answers: see ``docker_engine``)."""
+    """Each sandbox backend in turn (docker only where an engine answers: see ``docker_engine``; its
+    runs are ``slow``: ``make test-fast`` tries the local backend only)."""
     if request.param == "docker":
         request.getfixturevalue("docker_engine")
     return request.param
