@@ -186,11 +186,11 @@ def _chown_if_needed(name: str | None, dir_fd: int, uid: int, gid: int) -> None:
 
 
 def state_checks(text: str, checks: tuple[int, float, float] | None) -> str:
-    """``text`` with the evaluations' checks filled in: ``{all_trials}`` and ``{tolerance}``."""
+    """``text`` with the evaluations' checks filled in: ``{trials}``, ``{all_trials}`` and ``{tolerance}``."""
     if checks is None:
-        all_trials, tolerance = "every trial", "the evaluator's tolerance"
+        count, all_trials, tolerance = "several", "every trial", "the evaluator's tolerance"
     else:
         trials, atol, rtol = checks
-        all_trials = f"all {trials} trials" if trials != 1 else "the one trial"
+        count, all_trials = str(trials), (f"all {trials} trials" if trials != 1 else "its one trial")
         tolerance = f"atol = rtol = {atol:g}" if atol == rtol else f"atol = {atol:g}, rtol = {rtol:g}"
-    return text.replace("{all_trials}", all_trials).replace("{tolerance}", tolerance)
+    return text.replace("{trials}", count).replace("{all_trials}", all_trials).replace("{tolerance}", tolerance)

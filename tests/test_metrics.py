@@ -188,7 +188,11 @@ def test_records_round_trip_through_a_run_file_unknown_keys_included(tmp_path):
 
 def test_a_torn_last_line_is_ignored_but_a_bad_line_elsewhere_is_an_error(tmp_path):
     whole = rec("a").model_dump_json()
-    assert [r.task_id for r in read_records(write_lines(tmp_path / "torn.jsonl", whole, whole[:40]))] == ["a"]
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text(whole + "\n" + whole[:40])  # a run killed mid-write: no newline after the fragment
+    assert [r.task_id for r in read_records(torn)] == ["a"]
+    with pytest.raises(RecordError, match=r"line 2: not an episode record \(a torn record inside the file\)"):
+        read_records(write_lines(tmp_path / "resumed.jsonl", whole, whole[:40], whole))
     with pytest.raises(RecordError, match=r"bad\.jsonl, line 1: not an episode record"):
         read_records(write_lines(tmp_path / "bad.jsonl", whole[:40], whole))
     with pytest.raises(RecordError, match=r"line 2: not an episode record \(stop: "):

@@ -103,7 +103,7 @@ def test_the_judge_times_the_work_less_only_the_round_trip(tmp_path):
     from kernel_env.evaluators.records import EvalSettings
 
     result = measure_baselines("sleeps", _sleeping_task(20), device="cpu", baselines=BaselineCache(tmp_path),
-                               settings=EvalSettings(compile_baseline=False, timed_calls=5, warmup_calls=1))
+                               settings=EvalSettings.short())
     assert result.error is None, result.error
     assert 19.5 <= result.eager.median_ms <= 30, result.eager
     assert result.eager.round_trip_ms is not None and 0 < result.eager.round_trip_ms < 20, result.eager

@@ -29,7 +29,7 @@ from kernel_env.cli.common import (
     run_interruptibly,
     stamped,
 )
-from kernel_env.config import DEFAULT_SANDBOX
+from kernel_env.config import DEFAULT_POOL, DEFAULT_SANDBOX
 from kernel_env.tasks import TaskError
 from kernel_env.workloads.llm import DEFAULT_BASE_URL, SERVE_HINT
 
@@ -54,7 +54,7 @@ def generate(
     language: options.LanguageOrAuto = None,
     device: options.Device = None,
     sandbox: options.Sandbox = options.SandboxKind(DEFAULT_SANDBOX),
-    pool: str = typer.Option("local", "--pool", help="Evaluation pool: local (this machine's GPUs, or its CPU) "
+    pool: str = typer.Option(DEFAULT_POOL, "--pool", help="Evaluation pool: local (this machine's GPUs, or its CPU) "
                                                      "or ray (a Ray cluster: ray.init's default address)."),
     temperature: options.Temperature = 0.7,
     max_tokens: options.MaxTokens = None,

@@ -20,7 +20,7 @@ from rich.markup import escape
 from kernel_env.cli import options
 from kernel_env.cli.common import EXIT_OK, err, fail, out
 from kernel_env.cli.sources import resolve
-from kernel_env.config import DEFAULT_SANDBOX
+from kernel_env.config import DEFAULT_POOL, DEFAULT_SANDBOX
 
 
 class EnvName(str, enum.Enum):
@@ -52,7 +52,7 @@ def serve(
     language: options.LanguageOrAuto = None,
     device: options.Device = None,
     sandbox: options.Sandbox = options.SandboxKind(DEFAULT_SANDBOX),
-    pool: str = typer.Option("local", "--pool", help="Evaluation pool, one for every session: local (this "
+    pool: str = typer.Option(DEFAULT_POOL, "--pool", help="Evaluation pool, one for every session: local (this "
                                                      "machine's GPUs, or its CPU) or ray (a Ray cluster: ray.init's "
                                                      "default address)."),
     devices: str | None = typer.Option(None, "--devices", help="The local pool's devices, e.g. cuda:1,cuda:2 "

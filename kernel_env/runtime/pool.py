@@ -551,7 +551,7 @@ def _error(job: EvalJob, message: str) -> EvalResult:
                   error=message, fault="evaluator", snapshot_hash=job.snapshot_hash, margin=job.settings.speedup_margin)
 
 
-def make_pool(kind: str = "local", **options) -> GpuPool:
+def make_pool(kind: str = config.DEFAULT_POOL, **options) -> GpuPool:
     """A pool by kind: ``local`` (LocalPool) or ``ray`` (RayPool; ``address=...``)."""
     if kind == "local":
         return LocalPool(**options)
@@ -566,7 +566,7 @@ _shared_lock = threading.Lock()
 _shared: dict[str, GpuPool] = {}
 
 
-def shared_pool(kind: str = "local") -> GpuPool:
+def shared_pool(kind: str = config.DEFAULT_POOL) -> GpuPool:
     """This process's pool of a kind (``local``, ``ray``), created on first use."""
     with _shared_lock:
         if kind not in _shared:

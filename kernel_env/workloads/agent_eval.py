@@ -56,6 +56,7 @@ from typing import Any
 import openai
 from pydantic import ValidationError
 
+from kernel_env.config import DEFAULT_SANDBOX
 from kernel_env.envs.agent import KernelAgentEnv
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.languages import get_language
@@ -147,7 +148,7 @@ class AgentRunConfig:
     api_key: str = "EMPTY"
     language: str | None = None
     device: str | None = None
-    sandbox: str = "local"
+    sandbox: str = DEFAULT_SANDBOX
     max_turns: int = DEFAULT_MAX_TURNS
     selection: Selection = "best"
     concurrency: int = 8

@@ -51,6 +51,7 @@ from typing import Any
 
 import openai
 
+from kernel_env.config import DEFAULT_SANDBOX
 from kernel_env.envs.refine import KernelRefineEnv
 from kernel_env.envs.refine_protocol import (
     StopReason,
@@ -309,7 +310,7 @@ class GenerateConfig:
     max_active: int | None = None
     language: str | None = None
     device: str | None = None
-    sandbox: str = "local"
+    sandbox: str = DEFAULT_SANDBOX
     temperature: float | None = 0.7
     max_tokens: int | None = None
     request_timeout: float = 900.0

@@ -23,7 +23,9 @@ and ``verdicts.jsonl``. The rules are the same for all of them:
   JournalError and nothing is changed, so pointing a run at the wrong file never cuts it.
 
 Which key says a sample is done, and which records a rerun retries (an error, an evaluator's
-fault), is each run's business, not this module's. A journal has one writer at a time; this
+fault), is each run's business, not this module's; so is refusing a file with a torn record inside
+(`kernel-env eval`'s run file, and `kernel-env report` reading it, do: the report could not trust
+it; synth's journals skip them). A journal has one writer at a time; this
 module never removes a whole record.
 """
 

@@ -43,6 +43,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kernel_env.workloads.journal import Journal, JournalError
+
 #: KernelBench's fast_p thresholds: the fraction of tasks that are correct with a speed-up above p.
 FAST_P = (0.0, 0.5, 1.0, 1.5, 2.0)
 BASELINES = ("eager", "compile")
@@ -115,36 +117,34 @@ class EpisodeRecord(BaseModel):
 
 
 def read_records(path: str | Path) -> list[EpisodeRecord]:
-    """Every record of a run file, in file order. Blank lines are skipped; a torn last line (a run
-    killed mid-write) is ignored; anything else that is not a record raises RecordError."""
+    """Every record of a run file, in file order, read as ``kernel-env eval`` resumes it (a journal:
+    ``journal.py``): blank lines skipped, a torn last line (a run killed mid-write) left out; a torn
+    record inside the file, or anything else that is not an episode record, raises RecordError."""
     path = Path(path)
+    journal = Journal(path)
     try:
-        lines = path.read_text().splitlines()
+        if not path.is_file():
+            raise FileNotFoundError(2, "no such file")
+        entries = journal.read()
+    except JournalError as exc:
+        raise _not_a_record(path, exc.line, exc.why) from None
     except OSError as exc:
         raise RecordError(f"run file {path}: cannot read it ({exc.strerror or exc})") from None
+    if journal.skipped:
+        raise _not_a_record(path, journal.skipped[0], "a torn record inside the file")
     records = []
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    for index, line in enumerate(lines):
-        if not line.strip():
-            continue
+    for entry in entries:
         try:
-            records.append(EpisodeRecord.model_validate_json(line))
+            records.append(EpisodeRecord.model_validate_json(json.dumps(entry.record)))
         except ValidationError as exc:
-            if index == last and _is_torn(line):
-                continue
             problem = exc.errors()[0]
             where = ".".join(str(part) for part in problem["loc"]) or "the line"
-            raise RecordError(f"run file {path}, line {index + 1}: not an episode record ({where}: {problem['msg']}); "
-                              f"is this a `kernel-env eval` output?") from None
+            raise _not_a_record(path, entry.line, f"{where}: {problem['msg']}") from None
     return records
 
 
-def _is_torn(line: str) -> bool:
-    try:
-        json.loads(line)
-    except ValueError:
-        return True
-    return False
+def _not_a_record(path: Path, line: int, why: str) -> RecordError:
+    return RecordError(f"run file {path}, line {line}: not an episode record ({why}); is this a `kernel-env eval` output?")
 
 
 # ============================================================================ metrics
