@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from pydantic import ValidationError
 
 from kernel_env.config import DEFAULT_SANDBOX
 from kernel_env.envs.agent import KernelAgentEnv
@@ -79,7 +78,7 @@ from kernel_env.workloads.llm import (
     connect,
     why,
 )
-from kernel_env.workloads.metrics import UNDECIDED_STOPS, EpisodeRecord, RecordError
+from kernel_env.workloads.metrics import UNDECIDED_STOPS, EpisodeRecord, RecordError, read_records
 
 log = logging.getLogger(__name__)
 
@@ -206,20 +205,7 @@ class RunFile:
         self.records: list[EpisodeRecord] = []
 
     def read(self) -> RunFile:
-        try:
-            entries = self.journal.read()
-        except JournalError as exc:
-            raise self._not_a_record(exc.line, exc.why) from None
-        if self.journal.skipped:  # the report would refuse the file: so does the run
-            raise self._not_a_record(self.journal.skipped[0], "a torn record inside the file")
-        self.records = []
-        for entry in entries:
-            try:
-                self.records.append(EpisodeRecord.model_validate(entry.record))
-            except ValidationError as exc:
-                problem = exc.errors()[0]
-                where = ".".join(str(part) for part in problem["loc"]) or "the line"
-                raise self._not_a_record(entry.line, f"{where}: {problem['msg']}") from None
+        self.records = read_records(self.path) if self.path.exists() else []
         return self
 
     def create(self) -> RunFile:
@@ -240,11 +226,6 @@ class RunFile:
         """Write one record as a line; on disk (flushed, fsynced) when this returns."""
         self.journal.append(record.model_dump_json())
         self.records.append(record)
-
-    def _not_a_record(self, line: int, why: str) -> RecordError:
-        return RecordError(f"run file {self.path}, line {line}: not an episode record ({why}); "
-                           f"is this a `kernel-env eval` output?")
-
 
 # ============================================================================ the run
 

@@ -33,7 +33,6 @@ What counts, and why:
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -135,7 +134,7 @@ def read_records(path: str | Path) -> list[EpisodeRecord]:
     records = []
     for entry in entries:
         try:
-            records.append(EpisodeRecord.model_validate_json(json.dumps(entry.record)))
+            records.append(EpisodeRecord.model_validate(entry.record))
         except ValidationError as exc:
             problem = exc.errors()[0]
             where = ".".join(str(part) for part in problem["loc"]) or "the line"
