@@ -6,6 +6,7 @@ script (``harness.py``); this module decides nothing about a candidate.
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -81,7 +82,8 @@ class Job:
 
     def child(self, role: str) -> Child:
         """A new ``role`` child of this job: a spare when warm children are on, else one started now."""
-        label = f"job-{self.job.job_id}"
+        # The label names the child's folders: a job id is any string (a task id's slashes included).
+        label = "job-" + re.sub(r"[^\w.-]", "_", self.job.job_id)[:80]
         with self.step(f"{role}: start", share=None):
             try:
                 if self.warm:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from kernel_env.config import DEFAULT_ATOL, DEFAULT_RTOL
+from kernel_env.config import DEFAULT_ATOL, DEFAULT_RTOL, DEFAULT_SPEEDUP_MARGIN
 
 #: Whose fault a failed evaluation is (``EvalResult.fault``).
 Fault = Literal["candidate", "evaluator"]
@@ -45,7 +45,11 @@ class EvalSettings(BaseModel):
     # not evaluated (an evaluator fault, never a reward).
     vary_inputs: bool = True
     refuse_trivial_tasks: bool = True
-    speedup_margin: float = 0.05           # "more than 5 % faster"
+    speedup_margin: float = DEFAULT_SPEEDUP_MARGIN  # "more than 5 % faster"
+    # Torch computing inside ModelNew.forward is a violation (the skill's rule). Off only to run a
+    # task's own Model as the candidate, which checks the harness itself (benchmarks/kernelbench.py):
+    # the audit still runs, and every other rule holds.
+    own_kernels_only: bool = True
 
     @classmethod
     def short(cls, **changes) -> EvalSettings:

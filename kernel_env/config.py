@@ -17,6 +17,8 @@ DEFAULT_POOL = "local"
 #: The comparison's tolerance (KernelBench's): ``EvalSettings`` (the evaluations), the task check
 #: (``tasks.validate``, ``kernel-env tasks --check``) and the synthesis filter start from these.
 DEFAULT_ATOL = DEFAULT_RTOL = 1e-2
+#: "More than 5 % faster": the milestone reward's margin over a baseline (EvalSettings.speedup_margin).
+DEFAULT_SPEEDUP_MARGIN = 0.05
 
 
 def home() -> Path:

@@ -26,8 +26,9 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
-from kernel_env.config import workspaces_dir
+from kernel_env.config import DEFAULT_SPEEDUP_MARGIN, workspaces_dir
 from kernel_env.languages import LANGUAGES, Language, get_language
 from kernel_env.resources import data_dir
 from kernel_env.tasks import Task
@@ -56,11 +57,11 @@ class Workspace:
 
     @classmethod
     def create(cls, task: Task, language: str | Language = "cuda", root: str | Path | None = None, *,
-               checks: tuple[int, float, float] | None = None) -> Workspace:
+               checks: Checks | None = None) -> Workspace:
         """Materialise template + task + SKILL.md into a fresh directory and protect it.
 
-        ``checks``: (trials, atol, rtol) of the evaluations this workspace's solutions get, which
-        SKILL.md and ``utils/verification.py`` state (in general words without them)."""
+        ``checks``: what the evaluations this workspace's solutions get check, which SKILL.md and
+        ``utils/verification.py`` state (in general words without them)."""
         lang = get_language(language) if isinstance(language, str) else language
         base = Path(root) if root else workspaces_dir()
         base.mkdir(parents=True, exist_ok=True)
@@ -185,12 +186,29 @@ def _chown_if_needed(name: str | None, dir_fd: int, uid: int, gid: int) -> None:
         os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
 
 
-def state_checks(text: str, checks: tuple[int, float, float] | None) -> str:
-    """``text`` with the evaluations' checks filled in: ``{trials}``, ``{all_trials}`` and ``{tolerance}``."""
+class Checks(NamedTuple):
+    """What the evaluations of a workspace's solutions check, as SKILL.md and ``utils/verification.py``
+    state it: the trials, the tolerance, and the speed-up margin of the rewards' milestones."""
+
+    trials: int
+    atol: float
+    rtol: float
+    margin: float = DEFAULT_SPEEDUP_MARGIN
+
+
+def state_checks(text: str, checks: Checks | None) -> str:
+    """``text`` with the evaluations' checks filled in: ``{trials}``, ``{all_trials}``,
+    ``{tolerance}``, ``{margin}`` ("5%") and ``{target}`` (the share of torch.compile's time to reach:
+    "0.95"). Without ``checks``, general words and the default margin."""
+    margin = checks.margin if checks is not None else DEFAULT_SPEEDUP_MARGIN
     if checks is None:
         count, all_trials, tolerance = "several", "every trial", "the evaluator's tolerance"
     else:
-        trials, atol, rtol = checks
+        trials, atol, rtol = checks.trials, checks.atol, checks.rtol
         count, all_trials = str(trials), (f"all {trials} trials" if trials != 1 else "its one trial")
         tolerance = f"atol = rtol = {atol:g}" if atol == rtol else f"atol = {atol:g}, rtol = {rtol:g}"
-    return text.replace("{trials}", count).replace("{all_trials}", all_trials).replace("{tolerance}", tolerance)
+    filled = {"{trials}": count, "{all_trials}": all_trials, "{tolerance}": tolerance,
+              "{margin}": f"{margin * 100:g}%", "{target}": f"{1 - margin:g}"}
+    for mark, words in filled.items():
+        text = text.replace(mark, words)
+    return text

@@ -486,6 +486,20 @@ def test_torch_fallback_without_triton_breaks_two_rules(jobs):
     assert "launched no Triton kernel" in text
 
 
+def test_the_tasks_own_model_as_the_candidate_is_correct_only_with_the_torch_rule_off(tmp_path, baselines):
+    """benchmarks/kernelbench.py's check of the harness: the task's Model renamed ModelNew breaks only
+    the own-kernels rule, so with it off the job is correct, timed and paid 1 (any id names a job)."""
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    (snapshot / "model_new.py").write_text(TASK_CODE.replace("class Model(", "class ModelNew("))
+    job = make_job(snapshot, "cpp", Mode.PROFILE).model_copy(update={"job_id": "kernelbench/L1/19"})
+    assert_rejected(evaluate(job, baselines=baselines), "torch computes inside ModelNew.forward (add x1, relu x1)")
+    result = evaluate(job.model_copy(update={"settings": SETTINGS.model_copy(update={"own_kernels_only": False})}),
+                      baselines=baselines)
+    assert result.correct and not result.violations and result.error is None, why(result)
+    assert result.runtime_ms is not None and result.eager_ms is not None and result.reward in (1, 2, 3)
+
+
 def test_functional_fallback_with_a_noop_launch_is_rejected(jobs):
     assert_rejected(jobs.verify("triton", "torch_fallback_functional"), "torch computes inside ModelNew.forward (add x1, relu x1)")
 

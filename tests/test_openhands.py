@@ -161,3 +161,13 @@ def test_a_kernel_tool_refuses_a_workspace_that_is_not_a_sandbox(tmp_path):
     with pytest.raises(ValueError, match="runs in a kernel_env sandbox"):
         KERNEL_TOOLS["Bash"].create(State())
 
+
+
+@pytest.mark.parametrize("language", ["cuda", "cpp", "triton"])
+def test_the_skill_states_the_default_checks_in_its_content_and_its_description(language):
+    from kernel_env.integrations.openhands import kernel_skill
+
+    skill = kernel_skill(language)
+    for text in (skill.content, skill.description or ""):
+        assert not any(mark in text for mark in ("{trials}", "{all_trials}", "{tolerance}", "{margin}", "{target}")), text
+    assert "5% faster" in skill.content and "0.95 × the torch.compile time" in skill.content

@@ -502,3 +502,35 @@ def test_a_milestone_decided_within_the_measured_noise_is_a_close_call(runtime, 
     result = EvalResult(job_id="j", task_id="t", language="cpp", device="cpu", mode=Mode.PROFILE, correct=True,
                         runtime=_spread(runtime, 0.01 if spread is None else spread), eager=_spread(100.0, spread))
     assert close_calls(result) == expected
+
+
+def test_a_large_output_is_compared_chunk_by_chunk_with_the_whole_outputs_counts(monkeypatch):
+    """Chunks bound the comparison's work memory; the report is the whole output's: every bad
+    element counted, the first one's index in the output's shape, the largest errors."""
+    from kernel_env.evaluators.child import compare
+
+    monkeypatch.setattr(compare, "_CHUNK", 7)  # 60 elements: nine chunks, the last one short
+    ref = torch.arange(60, dtype=torch.float32).reshape(3, 4, 5)
+    cand = ref.clone()
+    cand[1, 2, 3] += 1.0
+    cand[2, 0, 0] = float("nan")
+    report = compare_outputs(0, ref, cand, ATOL, RTOL)
+    assert not report.correct and report.first_bad_index == [1, 2, 3]
+    assert "2 of 60 elements outside" in report.message and "got 34, expected 33" in report.message
+    assert "1 NaN where the reference is not NaN" in report.message and report.max_abs_error == pytest.approx(1.0)
+    assert compare_outputs(0, ref, ref + 0.005, ATOL, RTOL).correct
+    exact = compare_outputs(0, ref.long(), cand.nan_to_num().long(), ATOL, RTOL)
+    assert not exact.correct and exact.first_bad_index == [1, 2, 3] and "2 elements differ" in exact.message
+
+
+def test_a_strided_candidate_is_compared_in_the_references_element_order(monkeypatch):
+    from kernel_env.evaluators.child import compare
+
+    monkeypatch.setattr(compare, "_CHUNK", 5)
+    ref = torch.randn(6, 4)
+    cand = ref.t().contiguous().t()  # the same values, column-major
+    assert not cand.is_contiguous() and compare_outputs(0, ref, cand, ATOL, RTOL).correct
+    cand = cand.clone(memory_format=torch.preserve_format)
+    cand[4, 1] += 1
+    report = compare_outputs(0, ref, cand, ATOL, RTOL)
+    assert not report.correct and report.first_bad_index == [4, 1]

@@ -380,6 +380,18 @@ def test_a_job_short_of_device_memory_beside_others_is_run_again_alone(monkeypat
     assert any(others for _, _, others in log)  # the other jobs did share the GPU
 
 
+@pytest.mark.parametrize("error", [
+    "running ModelNew failed: Drive raised torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB",
+    "baseline worker: calibrate failed: Drive raised RuntimeError: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (2)",
+    "running ModelNew failed: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+])
+def test_every_way_of_saying_the_device_ran_out_of_memory_is_read_as_such(error):
+    result = EvalResult(job_id="j", task_id="t", language="cuda", device="cuda", mode=Mode.FINAL, error=error)
+    assert pool_module._short_of_device_memory(result)
+    assert not pool_module._short_of_device_memory(result.model_copy(update={"error": "illegal memory access"}))
+    assert not pool_module._short_of_device_memory(result.model_copy(update={"device": "cpu"}))
+
+
 def test_a_harness_error_answers_the_job_as_the_evaluators_fault_and_the_pool_goes_on(monkeypatch):
     """A bug in the harness must still answer its job, with no reward (never a -1 for the
     candidate), and must not stop the pool from evaluating the next one."""

@@ -10,7 +10,7 @@ import pytest
 
 from kernel_env.config import workspaces_dir
 from kernel_env.resources import data_dir, example_dir
-from kernel_env.workspace import PROTECTED, Workspace, state_checks
+from kernel_env.workspace import PROTECTED, Checks, Workspace, state_checks
 
 BINDING_FILES = {"binding.cpp", "binding_registry.h"}
 COMMON = {"SKILL.md", "kernels", "utils", "model.py", "model_new.py"}
@@ -196,9 +196,11 @@ def test_an_unknown_language_is_refused_with_the_choices(tiny_task, tmp_path):
 
 @pytest.mark.parametrize("language", ["cuda", "cpp", "triton"])
 def test_the_skill_and_the_verification_script_state_the_checks_the_workspace_gets(tmp_path, tiny_task, language):
-    ws = Workspace.create(tiny_task, language, root=tmp_path, checks=(7, 1e-3, 2e-3))
+    ws = Workspace.create(tiny_task, language, root=tmp_path, checks=Checks(7, 1e-3, 2e-3, margin=0.1))
     for text in ((ws.path / "SKILL.md").read_text(), (ws.path / "utils" / "verification.py").read_text()):
-        assert not any(mark in text for mark in ("{trials}", "{all_trials}", "{tolerance}"))
+        assert not any(mark in text for mark in ("{trials}", "{all_trials}", "{tolerance}", "{margin}", "{target}"))
         assert "atol = 0.001, rtol = 0.002" in text
-    assert "all 7 trials" in (ws.path / "SKILL.md").read_text() and "on 7 random input sets" in (ws.path / "SKILL.md").read_text()
+    skill = (ws.path / "SKILL.md").read_text()
+    assert "all 7 trials" in skill and "on 7 random input sets" in skill
+    assert "at least 10% faster" in skill and "0.9 × the torch.compile time" in skill and "5%" not in skill
     assert not ws.tampered_files()

@@ -155,8 +155,10 @@ class Drive(Message):
     calls: int = 0
     audit_at: list[int] = field(default_factory=list)
     checked: int = 0
-    atol: float = 1e-2
-    rtol: float = 1e-2
+    # The job's tolerance (EvalSettings), sent by the harness with every phase that compares; the
+    # protocol keeps no default of its own to drift from it (exact, were a phase sent without it).
+    atol: float = 0.0
+    rtol: float = 0.0
     flush_bytes: int = 0
 
 

@@ -94,7 +94,7 @@ class Reference:
         except ValueError as exc:
             return RefTrialsAnswer(error=f"the task's {exc}")
         variants = screen.trial_variants(len(req.seeds), allowed) if req.vary else ["as_is"] * len(req.seeds)
-        answers = screen.TrivialAnswers(req.atol, req.rtol, search=req.screen)
+        answers = screen.TrivialAnswers(req.atol, req.rtol, search=req.screen, device=self.device)
         reports, output_bytes = [], 0
         for seed, variant in zip(req.seeds, variants):
             inputs, pristine, out = self._trial(seed, variant)

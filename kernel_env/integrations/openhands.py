@@ -354,7 +354,8 @@ def kernel_skill(language: str) -> Skill:
     if _INLINE_COMMAND.search(skill.content):
         raise OpenHandsError(f"{skill_file(language)} contains an inline !`command`, which OpenHands would run on "
                              "the host")
-    return skill.model_copy(update={"source": None, "content": state_checks(skill.content, None)})
+    return skill.model_copy(update={"source": None, "content": state_checks(skill.content, None),
+                                    "description": state_checks(skill.description or "", None) or None})
 
 
 def kernel_agent(llm: LLM, language: str, *, tools: Iterable[str] | None = None, **options: Any) -> Agent:

@@ -26,7 +26,7 @@ from kernel_env.runtime.broker import Broker
 from kernel_env.runtime.pool import GpuPool, default_pool, visible_gpus
 from kernel_env.sandbox import ExecResult, Sandbox, make_sandbox
 from kernel_env.tasks import Task
-from kernel_env.workspace import Workspace
+from kernel_env.workspace import Checks, Workspace
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class Episode:
         check_device(lang, device)
         allow_many_open_files()
         checks = settings or EvalSettings()
-        workspace = Workspace.create(task, lang, root=root, checks=(checks.trials, checks.atol, checks.rtol))
+        workspace = Workspace.create(task, lang, root=root, checks=Checks(checks.trials, checks.atol, checks.rtol, checks.speedup_margin))
         broker = Broker(pool or default_pool(), device=device, settings=settings)
         try:
             broker_dir = broker.serve(workspace)

@@ -539,10 +539,16 @@ def _pack(directory: Path) -> dict[str, bytes]:
 SHORT_OF_MEMORY_STEP = "run beside other jobs, short of device memory"
 
 
+#: How a failure for want of device memory reads: torch's OutOfMemoryError and the runtime's
+#: cudaErrorMemoryAllocation ("out of memory"), the driver API's CUDA_ERROR_OUT_OF_MEMORY (the judge's
+#: own buffers), cuBLAS's and cuDNN's STATUS_ALLOC_FAILED (a handle or workspace not allocated).
+_OUT_OF_MEMORY = ("out of memory", "out_of_memory", "status_alloc_failed")
+
+
 def _short_of_device_memory(result: EvalResult) -> bool:
-    """Whether the job failed for want of device memory (torch's OutOfMemoryError, CUDA's
-    cudaErrorMemoryAllocation: both say "out of memory")."""
-    return result.device == "cuda" and "out of memory" in (result.error or "").lower()
+    """Whether the job failed for want of device memory."""
+    error = (result.error or "").lower()
+    return result.device == "cuda" and any(marker in error for marker in _OUT_OF_MEMORY)
 
 
 def _error(job: EvalJob, message: str) -> EvalResult:

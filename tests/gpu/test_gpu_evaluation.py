@@ -6,6 +6,8 @@ diag(A) @ B, a patched timer, and the judge's time of a kernel against Triton's 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from kernel_env.evaluators import harness
+from kernel_env.evaluators.child.compare import compare_outputs
 from kernel_env.evaluators.records import Mode
 from kernel_env.resources import example_dir
 from kernel_env.runtime.episode import Episode, run_solution
@@ -143,6 +146,38 @@ def test_a_job_short_of_device_memory_beside_another_is_run_again_alone(pool, tm
         results = list(jobs.map(lambda _: _evaluate(pool, RELU_ADD_1M, solution, mode=Mode.PROFILE), range(2)))
     assert all(r.correct and r.error is None for r in results), [r.summary() for r in results]
     assert sum(SHORT_OF_MEMORY_STEP in r.steps_s for r in results) == 1, [r.steps_s for r in results]
+
+
+def test_an_honest_kernel_is_correct_when_the_judge_keeps_the_reference_in_host_memory(pool, tmp_path):
+    """With the device short of memory when the trials run (another process holds all but 20 % of
+    it), the judge keeps the trials' reference outputs in host memory; the candidate's stay on the
+    device. Under load on KernelBench the comparison across the two raised in the judge, and honest
+    candidates were paid -1."""
+    hog = subprocess.Popen([sys.executable, "-c", HOLD_ALL_BUT_A_FIFTH], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout.readline().strip() == "holding", "the memory holder did not start"
+        result = _evaluate(pool, RELU_ADD, _triton_solution(tmp_path, "turn4_fused"), mode=Mode.PROFILE)
+    finally:
+        hog.communicate("", timeout=60)
+    assert result.correct and result.error is None and result.runtime_ms, result.summary()
+
+
+def test_the_compare_brings_a_host_reference_to_the_candidates_device():
+    ref = torch.randn(3, 1000)
+    cand = ref.cuda()
+    assert compare_outputs(0, ref, cand, 1e-2, 1e-2).correct
+    cand[2, 7] += 1
+    report = compare_outputs(0, ref, cand, 1e-2, 1e-2)
+    assert not report.correct and report.first_bad_index == [2, 7]
+
+
+HOLD_ALL_BUT_A_FIFTH = """
+import sys, torch
+free, total = torch.cuda.mem_get_info()
+held = torch.empty(max(free - total // 5, 0), dtype=torch.uint8, device="cuda")
+print("holding", flush=True)
+sys.stdin.read()
+"""
 
 
 def test_diag_matmul_row_scaling_reaches_reward_3(pool, tmp_path):

@@ -68,3 +68,23 @@ def test_a_task_an_input_passed_through_passes_is_not_paid(pool, tmp_path):
     _, result = run_solution(CLAMP_TASK, _solution(tmp_path, copy), language="triton", device="cuda", pool=pool, mode=Mode.FINAL)
     assert result.fault == "evaluator" and result.reward is None and not result.correct, result
     assert "returning input 0 unchanged" in result.error
+
+
+def test_outputs_kept_in_host_memory_are_screened_on_the_device_with_the_same_verdict():
+    """The judge keeps a trial's outputs in host memory when the device is short; the screen then
+    works on the device a chunk at a time and must say what it says of outputs on the device."""
+    from kernel_env.evaluators.child import screen
+
+    torch.manual_seed(0)
+    trials = [(torch.rand(3, 1 << 20) * 4, torch.rand(3, 1 << 20)) for _ in range(3)]  # (output, input)
+    verdicts = []
+    for device, where in ((None, "cuda"), (torch.device("cuda"), "cpu")):
+        answers = screen.TrivialAnswers(1e-2, 1e-2, device=device)
+        for out, x in trials:
+            answers.add([out.to(where)], [x.cuda()])
+        verdicts.append((answers.passing(), answers.reasons()))
+    assert verdicts[0] == verdicts[1] and verdicts[0][1] == []
+    relu = screen.TrivialAnswers(1e-2, 1e-2, device=torch.device("cuda"))
+    for _, x in trials:  # relu of a positive input is the input: refused as such, screened from the host
+        relu.add([x.clone()], [x.cuda()])
+    assert any("input 0" in reason for reason in relu.reasons()), relu.reasons()
