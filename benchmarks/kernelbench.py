@@ -44,7 +44,7 @@ import torch
 from kernel_env import config
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode
 from kernel_env.runtime.pool import LocalPool
-from kernel_env.tasks import Task
+from kernel_env.tasks import Task, TaskError
 from kernel_env.tasks.loaders import load_kernelbench
 
 PUBLISHED = {"modal": "H100_Modal", "lambda": "H100_PCIe_LambdaLabs"}
@@ -139,11 +139,20 @@ def print_summaries(summaries: list[dict]) -> None:
         print(" | ".join(cells))
 
 
+def _levels(text: str) -> list[int]:
+    try:
+        return [int(level) for level in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: levels are numbers, comma-separated (1,2,3)") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkout", type=Path, help="a KernelBench checkout (KernelBench/level1/..., results/timing/...)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--levels", default="1,2,3")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda (the problems are sized for an H100: on the CPU a level-1 or -2 problem takes "
+                             "minutes and more memory than a small machine has)")
+    parser.add_argument("--levels", type=_levels, default=[1, 2, 3])
     parser.add_argument("--count", type=int, default=None, help="the first N problems of each level (default: all)")
     parser.add_argument("--only", default=None, help="comma-separated task ids (kernelbench/L1/12,...)")
     parser.add_argument("--jobs-per-gpu", type=int, default=config.jobs_per_gpu())
@@ -151,9 +160,16 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="keep the problems --json already holds and run the rest "
                                                               "(a level's wall time adds up over the runs)")
     args = parser.parse_args()
+    if args.resume and not args.json:
+        parser.error("--resume reads and extends the --json file: name one")
 
-    levels = [int(level) for level in args.levels.split(",")]
-    tasks = load_kernelbench(args.checkout, levels)
+    levels = args.levels
+    try:
+        tasks = load_kernelbench(args.checkout, levels)
+    except TaskError as exc:
+        parser.error(str(exc))
+    if absent := [level for level in levels if not any(t.level == level for t in tasks)]:
+        parser.error(f"{args.checkout} has no problems of level {', '.join(map(str, absent))}")
     if args.only:
         wanted = set(args.only.split(","))
         tasks = [t for t in tasks if t.id in wanted]
@@ -162,7 +178,8 @@ def main() -> None:
     published = published_times(args.checkout)
     gpu = args.device.startswith("cuda")
     name = torch.cuda.get_device_name() if gpu else platform.processor() or "cpu"
-    print(f"{len(tasks)} problems of levels {levels} on {name}, torch {torch.__version__}, {args.jobs_per_gpu} jobs per GPU; "
+    slots = f"{args.jobs_per_gpu} jobs per GPU" if gpu else f"{config.jobs_per_cpu()} jobs at once on the CPU"
+    print(f"{len(tasks)} problems of levels {levels} on {name}, torch {torch.__version__}, {slots}; "
           f"published times: {', '.join(published) or 'none found'}", flush=True)
 
     def save(rows: list[dict], summaries: list[dict]) -> None:
@@ -174,21 +191,24 @@ def main() -> None:
                                              "levels": summaries, "problems": rows}, indent=1))
 
     rows, walls = [], {}
-    if args.resume and args.json and args.json.is_file():
+    if args.resume and args.json.is_file():
         earlier = json.loads(args.json.read_text())
         rows, walls = earlier["problems"], {s["level"]: s["wall_s"] for s in earlier["levels"]}
-        rows = [r for r in rows if r["fault"] != "evaluator" or _refused(r)]  # a fault says nothing of the problem: again
         print(f"resuming: {len(rows)} problems measured before", flush=True)
-    done_ids = {r["id"] for r in rows}
+    # A problem the evaluator failed says nothing of the problem: it runs again (its row kept until then).
+    done_ids = {r["id"] for r in rows if r["fault"] != "evaluator" or _refused(r)}
     summaries = [summary(level, [r for r in rows if r["level"] == level], walls.get(level, 0.0))
                  for level in sorted({r["level"] for r in rows})]
+    ran = False
     pool = LocalPool(None if gpu else ["cpu"], jobs_per_gpu=args.jobs_per_gpu)
     with tempfile.TemporaryDirectory(prefix="kernelbench-") as scratch:
         for level in levels:
             queued = [t for t in tasks if t.level == level and t.id not in done_ids]
             if not queued:
                 continue
-            earlier_rows = [r for r in rows if r["level"] == level]
+            ran = True
+            again = {t.id for t in queued}
+            earlier_rows = [r for r in rows if r["level"] == level and r["id"] not in again]
             rows = [r for r in rows if r["level"] != level]
             summaries = [s for s in summaries if s["level"] != level]
             started = time.monotonic()
@@ -219,7 +239,7 @@ def main() -> None:
     pool.close()
     print_summaries(summaries)
     if args.json:
-        print(f"wrote {args.json}")
+        print(f"wrote {args.json}" if ran else f"nothing left to run: {args.json} unchanged")
 
 if __name__ == "__main__":
     main()

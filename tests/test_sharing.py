@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -310,6 +312,48 @@ def test_spares_make_no_progress_while_a_timing_run_lasts():
         worker.join(5)
     finally:
         spares.close()
+
+
+_HOST_THAT_FREEZES = """
+import subprocess, sys, time
+from kernel_env.sandbox.limits import Cgroup, Limits
+group = Cgroup.create(Limits())
+if group is None or group._freezer is None:
+    print("no freezer", flush=True)
+    sys.exit(0)
+sleeper = subprocess.Popen(["sleep", "600"], preexec_fn=group.enter)
+assert group.freeze()
+print(sleeper.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a dead orphan waits for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_processes_a_killed_host_had_frozen_die_with_it():
+    """Cgroup v1 freezes a process so that not even SIGKILL ends it before a thaw: a host killed
+    during a timing run (a trainer's SIGTERM) must not leave the jobs it froze holding their memory."""
+    host = subprocess.Popen([sys.executable, "-c", _HOST_THAT_FREEZES], stdout=subprocess.PIPE, text=True)
+    line = host.stdout.readline().strip()
+    if line == "no freezer":
+        pytest.skip("no cgroup v1 freezer here (cgroup v2 lets a frozen process die)")
+    sleeper = int(line)
+    assert _running(sleeper)
+    host.kill()
+    host.wait()
+    os.kill(sleeper, signal.SIGKILL)  # what the fork server's death signal does to a job's processes
+    groups = lambda: list(Path("/sys/fs/cgroup/freezer/kernel_env").glob(f"kernel_env-{host.pid}-*"))  # noqa: E731
+    deadline = time.monotonic() + 15
+    while (_running(sleeper) or groups()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(sleeper), "a process the dead host had frozen is still there"
+    assert not groups(), "its cgroup is left"
 
 
 def test_without_a_freezable_cgroup_a_child_is_stopped_by_signal():
