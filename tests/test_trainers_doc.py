@@ -19,6 +19,7 @@ so what a command writes (trl_grpo_output/, a parquet, a log) lands in the scrat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -130,10 +131,11 @@ def test_a_block_runs_as_written(block: Block, tmp_path: Path):
 @pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.kind == "model"], ids=str)
 def test_a_block_talking_to_a_model_server_runs_as_written_against_a_scripted_one(block: Block, tmp_path: Path):
-    port = int(re.search(r"http://localhost:(\d+)/v1", block.code).group(1))
+    written = re.search(r"http://localhost:(\d+)/v1", block.code).group(0)
     key = re.search(r"(?:-k|--api-key-var) (\w+)", block.code)
     finish = Reply(tool_calls=[{"name": "Finish", "arguments": {}}])
-    with ScriptedLLM(lambda request: finish, port=port) as llm:
+    with ScriptedLLM(lambda request: finish, port=0) as llm:  # the page's port may be taken on this host: a free one
+        block = dataclasses.replace(block, code=block.code.replace(written, llm.base_url))
         run_block(block, tmp_path, **({key.group(1): "scripted"} if key else {}))
     assert llm.requests, f"{block}: the model server was never asked"
 
@@ -159,7 +161,8 @@ def test_a_server_block_starts_answers_and_drains(block: Block, tmp_path: Path):
         subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=folder, env=env, check=True, timeout=600)
     log = tmp_path / "server.err"
     with log.open("w") as err:
-        process = subprocess.Popen(["bash", "-c", f"exec {server}"], cwd=folder, env=env, stdout=subprocess.PIPE,
+        # The page's port (8000 by default) may be taken on this host: the server takes a free one and says which.
+        process = subprocess.Popen(["bash", "-c", f"exec {server} --port 0"], cwd=folder, env=env, stdout=subprocess.PIPE,
                                    stderr=err, text=True)
     try:
         line = process.stdout.readline()
