@@ -98,10 +98,9 @@ def _vary_tensor(x: torch.Tensor, variant: str, seed: int) -> None:
         x.sub_(float(x.mean()) + float(x.std()))
 
 
-#: Elements per chunk when the screen compares a whole output with an answer: its work tensors stay
-#: a few hundred MB however large the output (a full-size float32 copy of each side would not fit
-#: beside a 24 GiB output).
-_CHUNK = 1 << 24
+#: Elements per chunk when the screen compares a whole output with an answer: the comparison's own
+#: (its work tensors stay a few hundred MB however large the output).
+_CHUNK = compare._CHUNK
 
 
 def finite(outputs: list[torch.Tensor], device: torch.device | None = None) -> bool:
