@@ -4,7 +4,7 @@
   workspace; the episode ends with ``Finish`` or the turn limit and a trusted final evaluation.
 - ``KernelRefine-v0`` (``refine.py``): the fixed multi-turn refine loop; one model completion
   with code per step, answered with feedback. What it says and when it stops is the refine
-  protocol (``refine_protocol.py``: pure, shared with ``kernel_env.workloads.generate``).
+  protocol (``refine_protocol.py``: pure, shared with ``kernel_env.workloads.runs.generate``).
 
 Both build on ``EpisodeEnv`` (``common.py``): one runtime episode per ``reset``, the async
 ``areset`` / ``astep``, the text spaces. Both are registered with gymnasium as

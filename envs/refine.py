@@ -23,7 +23,7 @@ eq. 1: -1, 1, 2, 3; -1 for an answer without usable code). The last step's ``inf
 (and ``trace()``) is the seed orchestrator's trace record, ready for SFT.
 
 What is said and when to stop is the refine protocol (``refine_protocol.py``), which
-``kernel_env.workloads.generate`` shares; this module only runs it on an episode: it writes the
+``kernel_env.workloads.runs.generate`` shares; this module only runs it on an episode: it writes the
 answer's files, builds and evaluates them, and keeps the conversation and the trace.
 """
 

@@ -8,7 +8,7 @@ as ``<file path=…>`` elements); a trusted evaluation becomes a ``TurnResult`` 
 ``build_feedback`` words the next user message; ``build_trace`` makes the seed's trace record
 (``Turn``, ``Trace``); ``build_messages`` is the opening [system, user] prompt.
 
-KernelRefine-v0 (``refine.py``) and the orchestrator (``kernel_env.workloads.generate``) both use
+KernelRefine-v0 (``refine.py``) and the orchestrator (``kernel_env.workloads.runs.generate``) both use
 these, so they cannot disagree on when to stop or what to say. The numbers the text states (trials,
 tolerance) come from the evaluation settings, never from constants here.
 

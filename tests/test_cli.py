@@ -246,7 +246,7 @@ def test_run_task_solution_piped_prints_its_phases_and_lines_whole_at_80_columns
 
 @pytest.mark.parametrize("terminal", [True, False])
 def test_the_metrics_table_fits_80_columns_with_every_number_whole(tmp_path, terminal):
-    from kernel_env.workloads.metrics import EpisodeRecord
+    from kernel_env.workloads.analysis.metrics import EpisodeRecord
 
     def record(task: str, level: int | None, correct: bool, eager: float, compile: float, reward: float | None,
                stop: str = "finished") -> str:

@@ -1,11 +1,11 @@
-"""kernel_env.workloads.doctor: typed findings on this machine, and what a missing piece means."""
+"""kernel_env.workloads.ops.doctor: typed findings on this machine, and what a missing piece means."""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
 
-from kernel_env.workloads.doctor import (
+from kernel_env.workloads.ops.doctor import (
     Bubblewrap,
     CgroupFact,
     Docker,

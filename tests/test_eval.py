@@ -33,7 +33,7 @@ from kernel_env.evaluators.reward import milestone_reward
 from kernel_env.resources import example_dir
 from kernel_env.runtime.episode import run_solution
 from kernel_env.tasks import Task, load_task_file
-from kernel_env.workloads.agent_eval import (
+from kernel_env.workloads.runs.agent_eval import (
     AgentRunConfig,
     RunFile,
     ServerUnreachable,
@@ -42,8 +42,8 @@ from kernel_env.workloads.agent_eval import (
     run_agent_eval,
     tool_messages,
 )
-from kernel_env.workloads.llm import RunError, Server, connect
-from kernel_env.workloads.metrics import EpisodeRecord, compute_metrics, read_records
+from kernel_env.workloads.runs.llm import RunError, Server, connect
+from kernel_env.workloads.analysis.metrics import EpisodeRecord, compute_metrics, read_records
 
 pytestmark = pytest.mark.slow  # end to end: scripted-model episodes, each built and evaluated
 

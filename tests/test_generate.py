@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 from kernel_env.cli import app
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.tasks import Task
-from kernel_env.workloads.generate import (
+from kernel_env.workloads.runs.generate import (
     GenerateConfig,
     QueueItem,
     RefineQueue,
@@ -287,8 +287,8 @@ def test_the_language_follows_the_machine_unless_named(tmp_path, monkeypatch):
 
 
 def test_outputs_get_the_umasks_mode_or_keep_the_one_they_replace(tmp_path):
-    from kernel_env.workloads.agent_eval import RunFile
-    from kernel_env.workloads.metrics import EpisodeRecord
+    from kernel_env.workloads.runs.agent_eval import RunFile
+    from kernel_env.workloads.analysis.metrics import EpisodeRecord
 
     umask = os.umask(0o022)
     try:

@@ -1,4 +1,4 @@
-"""The journal every resumable run keeps (kernel_env.workloads.journal): a record is on disk when
+"""The journal every resumable run keeps (kernel_env.workloads.runs.journal): a record is on disk when
 ``append`` returns, a crash's torn last line is left out by ``read`` and cut before the next
 append, and a file that is not a journal is refused and left as it is."""
 
@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from kernel_env.workloads import journal as journal_module
-from kernel_env.workloads.journal import Journal, JournalError
+from kernel_env.workloads.runs import journal as journal_module
+from kernel_env.workloads.runs.journal import Journal, JournalError
 
 A = {"sample_key": "a", "turns": [1, 2]}
 B = {"sample_key": "b", "text": "café"}
@@ -141,7 +141,7 @@ def test_create_makes_the_file_with_the_umasks_mode_and_a_missing_file_reads_emp
 
 
 def _child(script: str, path) -> subprocess.CompletedProcess:
-    code = "import os, sys\nfrom kernel_env.workloads.journal import Journal\njournal = Journal(sys.argv[1])\n"
+    code = "import os, sys\nfrom kernel_env.workloads.runs.journal import Journal\njournal = Journal(sys.argv[1])\n"
     return subprocess.run([sys.executable, "-c", code + textwrap.dedent(script), str(path)], capture_output=True,
                           text=True, timeout=60, check=False)
 
@@ -184,10 +184,10 @@ def test_a_process_killed_inside_append_leaves_a_torn_line_the_next_run_cuts(tmp
 def test_every_run_cuts_a_torn_last_line_before_its_next_record(tmp_path):
     """The rule was each run's own (eval cut the torn line; generate ignored it and could glue its
     next trace onto it; synth kept it and began a new line): now it is the journal's, for all."""
-    from kernel_env.workloads.agent_eval import RunFile
-    from kernel_env.workloads.generate import TraceStore
-    from kernel_env.workloads.metrics import EpisodeRecord
-    from kernel_env.workloads.synth.pipeline import Verdict, _State
+    from kernel_env.workloads.runs.agent_eval import RunFile
+    from kernel_env.workloads.runs.generate import TraceStore
+    from kernel_env.workloads.analysis.metrics import EpisodeRecord
+    from kernel_env.workloads.runs.synth.pipeline import Verdict, _State
 
     torn = '{"sample_key": "x", "tur'
     run = tmp_path / "run.jsonl"

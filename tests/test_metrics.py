@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_env.workloads.metrics import (
+from kernel_env.workloads.analysis.metrics import (
     FAST_P,
     EpisodeRecord,
     RecordError,
@@ -22,14 +22,14 @@ from kernel_env.workloads.metrics import (
     group_metrics,
     read_records,
 )
-from kernel_env.workloads.report import (
+from kernel_env.workloads.analysis.report import (
     PlotUnavailable,
     markdown,
     plot_speedups,
     rich_report,
     speedups,
 )
-from kernel_env.workloads.trajectories import RftFilter, export
+from kernel_env.workloads.analysis.trajectories import RftFilter, export
 
 
 def rec(task: str, *, level: int | None = 1, correct: bool = True, eager: float | None = None,

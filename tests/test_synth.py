@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from kernel_env.cli import app
 from kernel_env.tasks import Task, load_tasks
 from kernel_env.tasks.sources import write_records
-from kernel_env.workloads.synth.compose import (
+from kernel_env.workloads.runs.synth.compose import (
     PAPER_OP_COUNT_WEIGHTS,
     ComposeError,
     DeterministicComposer,
@@ -35,7 +35,7 @@ from kernel_env.workloads.synth.compose import (
     extract_code,
     seed_task,
 )
-from kernel_env.workloads.synth.crawl import (
+from kernel_env.workloads.runs.synth.crawl import (
     LAYOUTS,
     REALISTIC,
     SMALL,
@@ -43,21 +43,21 @@ from kernel_env.workloads.synth.crawl import (
     crawl_zero_arg_modules,
     numel,
 )
-from kernel_env.workloads.synth.decontam import (
+from kernel_env.workloads.runs.synth.decontam import (
     decontaminate,
     fingerprint,
     similarity,
     write_dropped,
     write_histogram,
 )
-from kernel_env.workloads.synth.filter import (
+from kernel_env.workloads.runs.synth.filter import (
     CPU_TIME_SCALE,
     FilterSettings,
     Screener,
     Screening,
     filter_tasks,
 )
-from kernel_env.workloads.synth.stats import PAPER_SHARES, category, composition_stats
+from kernel_env.workloads.runs.synth.stats import PAPER_SHARES, category, composition_stats
 
 runner = CliRunner()
 
@@ -355,7 +355,7 @@ def test_processes_compiling_at_once_share_the_cpus(monkeypatch):
 def test_a_candidate_out_of_memory_is_judged_again_with_no_other_screening_alive(monkeypatch):
     """On a GPU, twelve screenings' processes hold memory even while they wait for the timing gate:
     an out-of-memory retry must wait until none is alive, not just until none is timing."""
-    from kernel_env.workloads.synth import filter as filter_module
+    from kernel_env.workloads.runs.synth import filter as filter_module
 
     lock, live, seen = threading.Lock(), [0], {}
 

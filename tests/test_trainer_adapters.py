@@ -31,7 +31,7 @@ from kernel_env.integrations.verifiers import KernelEnv
 from kernel_env.resources import example_dir
 from kernel_env.tasks import Task
 from kernel_env.tools import ALL_TOOL_NAMES
-from kernel_env.workloads.agent_eval import NUDGE, SYSTEM_PROMPT
+from kernel_env.workloads.runs.agent_eval import NUDGE, SYSTEM_PROMPT
 
 TASK = Task(id="test/relu_add_64k", name="relu_add_64k",
             code=(example_dir() / "task.py").read_text().replace("N = 1 << 24", "N = 1 << 16"))

@@ -172,7 +172,7 @@ class Reference:
         return times
 
     def screen(self, seeds: list[int], compile: bool) -> dict:
-        """Facts for the synthesis filter (``kernel_env.workloads.synth.filter``, which decides; nothing here does).
+        """Facts for the synthesis filter (``kernel_env.workloads.runs.synth.filter``, which decides; nothing here does).
 
         Without ``compile``: the Model on the inputs of ``seeds[0]`` twice (fresh copies, the random
         state moving on between the calls, as it would in use) and on those of ``seeds[1]`` once;

@@ -77,7 +77,7 @@ def check_server(base_url: str, model: str | None, api_key: str, *, serve_hint: 
     before the run imports torch or writes anything, so a server that is not there is reported in
     well under a second. Returns the ``Server`` (the address that answered, the model to ask);
     fails as a usage error with ``connect``'s message."""
-    from kernel_env.workloads.llm import RunError, connect
+    from kernel_env.workloads.runs.llm import RunError, connect
 
     try:
         return connect(base_url, model, api_key=api_key, serve_hint=serve_hint)

@@ -1,4 +1,4 @@
-"""``kernel-env doctor``: renders ``kernel_env.workloads.doctor``'s findings on this machine.
+"""``kernel-env doctor``: renders ``kernel_env.workloads.ops.doctor``'s findings on this machine.
 
 A table of facts and a list of what they mean, or (``--json``) ``Findings.to_record()``.
 Exit 2 when an essential is missing (an environment error), else 0. The probing and its
@@ -15,7 +15,7 @@ from rich.table import Table
 
 from kernel_env.cli import options
 from kernel_env.cli.common import EXIT_OK, EXIT_USAGE, Phases, out, print_json
-from kernel_env.workloads.doctor import Facts, Findings, examine
+from kernel_env.workloads.ops.doctor import Facts, Findings, examine
 
 
 def doctor(as_json: options.Json = False,

@@ -1,10 +1,10 @@
 """``kernel-env eval``, ``report`` and ``export``: a tool-calling model as a KernelAgent-v0 agent,
 its metrics, and its trajectories for rejection fine-tuning.
 
-``eval`` runs ``kernel_env.workloads.agent_eval`` over a task set, appending one episode record
-per task to a JSONL run file, then shows the metrics (``kernel_env.workloads.metrics``, rendered
-by ``kernel_env.workloads.report``); ``report`` rebuilds the metrics of a run file; ``export``
-writes its trajectories that pass an RFT filter (``kernel_env.workloads.trajectories``). eval's exit
+``eval`` runs ``kernel_env.workloads.runs.agent_eval`` over a task set, appending one episode record
+per task to a JSONL run file, then shows the metrics (``kernel_env.workloads.analysis.metrics``, rendered
+by ``kernel_env.workloads.analysis.report``); ``report`` rebuilds the metrics of a run file; ``export``
+writes its trajectories that pass an RFT filter (``kernel_env.workloads.analysis.trajectories``). eval's exit
 codes: 0 every selected task has an episode record that did not end in error; 1 some episodes
 ended in error (the model's calls failed: rerun to retry them); 2 usage or environment error
 (bad source, bad settings, an output that is not a run file, server unreachable, or a final
@@ -39,7 +39,7 @@ from kernel_env.cli.common import (
 )
 from kernel_env.cli.sources import select, source_or_task
 from kernel_env.config import DEFAULT_SANDBOX
-from kernel_env.workloads.llm import DEFAULT_BASE_URL, TOOL_SERVE_HINT
+from kernel_env.workloads.runs.llm import DEFAULT_BASE_URL, TOOL_SERVE_HINT
 
 
 def eval_command(
@@ -82,7 +82,7 @@ def eval_command(
     server = check_server(base_url, model, api_key, serve_hint=TOOL_SERVE_HINT)
 
     from kernel_env.runtime.pool import default_pool  # torch, after the checks that need none
-    from kernel_env.workloads.agent_eval import AgentRunConfig, EvalRunError, run_agent_eval
+    from kernel_env.workloads.runs.agent_eval import AgentRunConfig, EvalRunError, run_agent_eval
 
     progress = _EvalProgress(total=sum(task.id not in done for task in selected), quiet=as_json,
                              title=f"{len(selected)} tasks, {concurrency} at a time")
@@ -206,7 +206,7 @@ def export(
 ) -> None:
     """Write an eval run's trajectories for rejection fine-tuning: by default the paper's filter (reward > 0, no
     invalid calls, no loops)."""
-    from kernel_env.workloads.trajectories import RftFilter, export as export_trajectories
+    from kernel_env.workloads.analysis.trajectories import RftFilter, export as export_trajectories
 
     keep = RftFilter(min_reward=min_reward, max_invalid_calls=max_invalid_calls,
                      max_repeated_calls=max_repeated_calls, max_tool_errors=max_tool_errors)
@@ -231,7 +231,7 @@ def _check_stdout(as_json: bool, markdown_path: Path | None) -> None:
 
 
 def _read_run(path: Path) -> list:
-    from kernel_env.workloads.metrics import RecordError, read_records
+    from kernel_env.workloads.analysis.metrics import RecordError, read_records
 
     try:
         return read_records(path)
@@ -242,8 +242,8 @@ def _read_run(path: Path) -> list:
 def _show_metrics(records: list, *, plot: Path | None, markdown_path: Path | None, as_json: bool,
                   extra: dict[str, Any]) -> None:
     """The metrics of ``records``: rich tables (or JSON) on stdout, markdown and the plot where asked."""
-    from kernel_env.workloads.metrics import compute_metrics
-    from kernel_env.workloads.report import PlotUnavailable, describe, markdown, plot_speedups, rich_report
+    from kernel_env.workloads.analysis.metrics import compute_metrics
+    from kernel_env.workloads.analysis.report import PlotUnavailable, describe, markdown, plot_speedups, rich_report
 
     metrics = compute_metrics(records)
     title = describe(records)

@@ -1,6 +1,6 @@
 """``kernel-env generate``: refine-loop traces (SFT data) from a model behind an OpenAI-compatible server.
 
-The run is ``kernel_env.workloads.generate``; here are its options, its progress bar and its
+The run is ``kernel_env.workloads.runs.generate``; here are its options, its progress bar and its
 summary. Exit codes: 0 every selected sample has a trace in the output (a wrong or slow kernel
 is data, not a failure); 1 some samples ended without one (their model calls failed: rerun to
 retry them); 2 usage or environment error (no source, unreadable output, server unreachable, no
@@ -31,7 +31,7 @@ from kernel_env.cli.common import (
 )
 from kernel_env.config import DEFAULT_POOL, DEFAULT_SANDBOX
 from kernel_env.tasks import TaskError
-from kernel_env.workloads.llm import DEFAULT_BASE_URL, SERVE_HINT
+from kernel_env.workloads.runs.llm import DEFAULT_BASE_URL, SERVE_HINT
 
 
 def generate(
@@ -71,7 +71,7 @@ def generate(
         fail(f"unknown --pool {pool!r}; choose local or ray")
     server = check_server(base_url, model, api_key, serve_hint=SERVE_HINT)
 
-    from kernel_env.workloads.generate import (  # torch, after the checks that need none
+    from kernel_env.workloads.runs.generate import (  # torch, after the checks that need none
         GenerateConfig,
         GenerateError,
         TraceStore,

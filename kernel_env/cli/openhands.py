@@ -33,7 +33,7 @@ from kernel_env.cli.common import (
 )
 from kernel_env.cli.sources import resolve
 from kernel_env.config import DEFAULT_SANDBOX
-from kernel_env.workloads.llm import DEFAULT_BASE_URL, TOOL_SERVE_HINT, RunError, ServerUnreachable, connect
+from kernel_env.workloads.runs.llm import DEFAULT_BASE_URL, TOOL_SERVE_HINT, RunError, ServerUnreachable, connect
 
 
 def openhands(

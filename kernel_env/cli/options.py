@@ -61,7 +61,7 @@ Settings = Annotated[str | None, typer.Option(
     "--settings", help="Evaluation protocol overrides as JSON, e.g. '{\"timed_calls\": 10, \"compile_baseline\": false}'.")]
 
 # ----------------------------------------------------------------------------- the model server
-# The default address is kernel_env.workloads.llm.DEFAULT_BASE_URL.
+# The default address is kernel_env.workloads.runs.llm.DEFAULT_BASE_URL.
 
 BaseUrl = Annotated[str, typer.Option(
     "--base-url", help="OpenAI-compatible model server (vLLM, SGLang, OpenAI; agents need tool calling); an address "

@@ -1,6 +1,6 @@
 """``kernel-env synth``: a task set made like CUDA-Agent-Ops-6K, and its stages one at a time.
 
-``synth`` runs ``kernel_env.workloads.synth.pipeline`` (crawl → compose → decontaminate →
+``synth`` runs ``kernel_env.workloads.runs.synth.pipeline`` (crawl → compose → decontaminate →
 filter), resumable: rerun the same command to go on where it stopped. ``synth seeds`` lists the
 crawl, ``synth stats SOURCE`` prints Table 3 of any task set, ``synth decontam SOURCE`` checks
 one against an evaluation set. Exit codes: 0 the output holds --count tasks; 1 fewer
@@ -36,7 +36,7 @@ from kernel_env.cli.common import (
 )
 from kernel_env.cli.sources import load_source
 from kernel_env.tasks import Task
-from kernel_env.workloads.llm import DEFAULT_BASE_URL
+from kernel_env.workloads.runs.llm import DEFAULT_BASE_URL
 
 app = typer.Typer(help="Synthesise training tasks (CUDA-Agent-Ops-6K pipeline): compose torch operators, "
                        "decontaminate, filter in isolated processes. Subcommands inspect the stages.", cls=Group)
@@ -91,9 +91,9 @@ def synth(
     if ctx.invoked_subcommand is not None:
         return
     from kernel_env.runtime.episode import default_device
-    from kernel_env.workloads.synth.compose import PAPER_OP_COUNT_WEIGHTS
-    from kernel_env.workloads.synth.filter import FilterSettings
-    from kernel_env.workloads.synth.pipeline import SynthConfig, SynthError, run
+    from kernel_env.workloads.runs.synth.compose import PAPER_OP_COUNT_WEIGHTS
+    from kernel_env.workloads.runs.synth.filter import FilterSettings
+    from kernel_env.workloads.runs.synth.pipeline import SynthConfig, SynthError, run
 
     where = device.value if device else default_device()
     if out_path.suffix not in (".jsonl", ".parquet"):
@@ -142,7 +142,7 @@ def synth(
 @app.command("stats", cls=Command)
 def stats(source: options.Source, as_json: options.Json = False) -> None:
     """The share of 1- … 5-operator compositions and transformers tasks in a task set (Table 3)."""
-    from kernel_env.workloads.synth.stats import composition_stats
+    from kernel_env.workloads.runs.synth.stats import composition_stats
 
     found = composition_stats(load_source(source))
     if as_json:
@@ -161,8 +161,8 @@ def seeds(
 ) -> None:
     """The crawl: which torch.nn (and transformers) classes are seeds, and why the others are not."""
     from kernel_env.tasks.sources import write_records
-    from kernel_env.workloads.synth.compose import seed_task
-    from kernel_env.workloads.synth.crawl import PRESETS, crawl
+    from kernel_env.workloads.runs.synth.compose import seed_task
+    from kernel_env.workloads.runs.synth.crawl import PRESETS, crawl
 
     found = crawl(transformers=not no_transformers)
     if output is not None:
@@ -203,7 +203,7 @@ def decontam(
 ) -> None:
     """Decontaminate a task set: kept.jsonl, dropped.jsonl and the similarity histogram in --out-dir."""
     from kernel_env.tasks.sources import write_records
-    from kernel_env.workloads.synth.decontam import decontaminate, write_dropped, write_histogram
+    from kernel_env.workloads.runs.synth.decontam import decontaminate, write_dropped, write_histogram
 
     tasks = load_source(source)
     report = decontaminate(tasks, load_source(eval_set), threshold=threshold)
@@ -227,7 +227,7 @@ def decontam(
 def _op_weights(text: str | None) -> dict[int, float] | None:
     if text is None:
         return None
-    from kernel_env.workloads.synth.compose import check_weights
+    from kernel_env.workloads.runs.synth.compose import check_weights
 
     try:
         values = [float(part) for part in text.split(",") if part.strip()]

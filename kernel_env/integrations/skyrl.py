@@ -56,7 +56,7 @@ from kernel_env.envs.agent import KernelAgentEnv
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.tasks import Task
 from kernel_env.tools import tool_schemas
-from kernel_env.workloads.agent_eval import NUDGE, SYSTEM_PROMPT
+from kernel_env.workloads.runs.agent_eval import NUDGE, SYSTEM_PROMPT
 
 #: The id this module registers with skyrl-gym.
 ENV_ID = "kernel_agent"

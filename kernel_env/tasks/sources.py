@@ -11,7 +11,7 @@ One function turns rows into tasks, whatever file they came from, by the *shape*
   adapter appended to the code makes it KernelBench-format (``Model``, positional init inputs).
 - **ops6k**: CUDA-Agent-Ops-6K rows (``code``, ``ops``, ``data_source`` like ``torch#2``) and
   any other rows with a code column; ids ``ops6k/<row>`` (or the row's own ``id``/``name``).
-  The synthesis output (``kernel_env.workloads.synth``) is of this shape, with ``source: synthetic``
+  The synthesis output (``kernel_env.workloads.runs.synth``) is of this shape, with ``source: synthetic``
   and its provenance.
 
 Reading never executes task code; rows are only parsed (``Task.check_source``). Parquet is
@@ -159,7 +159,7 @@ def _int_or_none(where: str, value: Any, column: str) -> int | None:
 def _metadata(row: dict, used: Iterable[str]) -> dict:
     skip = set(used)
     meta = {k: v for k, v in row.items() if k not in skip and v is not None}
-    if isinstance(meta.get("provenance"), str):  # Parquet output of kernel_env.workloads.synth stores it as JSON text
+    if isinstance(meta.get("provenance"), str):  # Parquet output of kernel_env.workloads.runs.synth stores it as JSON text
         try:
             meta["provenance"] = json.loads(meta["provenance"])
         except json.JSONDecodeError:

@@ -1,12 +1,11 @@
-"""Workloads: the long runs built on the environments and the episode runtime.
+"""Workloads: what is built on the environments and the episode runtime, in three folders.
 
-- ``agent_eval.py``: KernelAgent-v0 episodes driven by a tool-calling model (``kernel-env eval``).
-- ``generate.py``: the seed orchestrator, refine episodes in a FIFO queue (``kernel-env generate``).
-- ``llm.py``: an OpenAI-compatible model server: checking it, choosing its model, its errors.
-- ``journal.py``: the JSONL journal every resumable run appends to (durable; a torn last line cut).
-- ``metrics.py``: the paper's metrics over episode records (pure); ``report.py`` renders them.
-- ``doctor.py``: what this machine can run, as typed findings (``kernel-env doctor``).
-- ``synth/``: the task synthesis pipeline (``kernel-env synth``).
+- ``runs/``: the long runs, each resumable from its journal: ``agent_eval.py`` (``kernel-env
+  eval``), ``generate.py`` (``kernel-env generate``), ``synth/`` (``kernel-env synth``), the
+  journal they share (``journal.py``) and the model server they drive (``llm.py``).
+- ``analysis/``: what a run's records say: ``metrics.py`` (the paper's metrics, pure),
+  ``report.py`` (their tables and plot), ``trajectories.py`` (``kernel-env export``).
+- ``ops/``: the operator's tools: ``doctor.py`` (``kernel-env doctor``).
 
 Nothing below this folder imports it.
 """

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import kernel_env
-from kernel_env.workloads.agent_eval import SYSTEM_PROMPT
+from kernel_env.workloads.runs.agent_eval import SYSTEM_PROMPT
 
 AGENT_NAME = "kernel_env"
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernel_env.workloads.metrics import UNDECIDED_STOPS, EpisodeRecord
+from kernel_env.workloads.analysis.metrics import UNDECIDED_STOPS, EpisodeRecord
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Renderers of an eval run's metrics: markdown (for papers and READMEs), a rich table (for the
 terminal), JSON (``Metrics.to_dict()``), and a PNG of the speed-up distribution.
 
-They render what ``kernel_env.workloads.metrics`` computed and decide nothing. The plot needs matplotlib
+They render what ``kernel_env.workloads.analysis.metrics`` computed and decide nothing. The plot needs matplotlib
 (``pip install 'kernel_env[eval]'``); without it ``plot_speedups`` raises ``PlotUnavailable`` with
 that advice, and everything else works.
 """
@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kernel_env.evaluators.records import EvalSettings
-from kernel_env.workloads.metrics import (
+from kernel_env.workloads.analysis.metrics import (
     BASELINES,
     FAST_P,
     EpisodeRecord,

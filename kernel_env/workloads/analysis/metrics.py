@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kernel_env.workloads.journal import Journal, JournalError
+from kernel_env.workloads.runs.journal import Journal, JournalError
 
 #: KernelBench's fast_p thresholds: the fraction of tasks that are correct with a speed-up above p.
 FAST_P = (0.0, 0.5, 1.0, 1.5, 2.0)

@@ -68,8 +68,8 @@ from kernel_env.runtime.episode import EpisodeError, check_device, language_and_
 from kernel_env.runtime.pool import GpuPool, shared_pool
 from kernel_env.sandbox import SandboxError
 from kernel_env.tasks import Task, TaskError, load_jsonl, load_kernelbench, load_tasks
-from kernel_env.workloads.journal import Journal, JournalError
-from kernel_env.workloads.llm import (
+from kernel_env.workloads.runs.journal import Journal, JournalError
+from kernel_env.workloads.runs.llm import (
     DEFAULT_BASE_URL,
     SERVE_HINT,
     NoChoices,
@@ -167,7 +167,7 @@ class RefineQueue:
 class TraceStore:
     """The output: a JSON list of traces, and a journal of the traces finished since it was written.
 
-    ``open`` reads it and folds a crashed run's journal (``kernel_env.workloads.journal``: a torn
+    ``open`` reads it and folds a crashed run's journal (``kernel_env.workloads.runs.journal``: a torn
     last line is left out, and cut before the next trace is added); ``create`` makes the output when
     a run starts (a run that never started leaves none); ``add`` makes a trace durable (journal
     line, fsync) before it returns; ``fold`` rewrites the JSON list atomically, then drops the journal.

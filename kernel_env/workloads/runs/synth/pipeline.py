@@ -34,9 +34,9 @@ from typing import Any
 
 from kernel_env.tasks import Task
 from kernel_env.tasks.sources import write_records
-from kernel_env.workloads.journal import Journal, JournalError
-from kernel_env.workloads.llm import DEFAULT_BASE_URL
-from kernel_env.workloads.synth.compose import (
+from kernel_env.workloads.runs.journal import Journal, JournalError
+from kernel_env.workloads.runs.llm import DEFAULT_BASE_URL
+from kernel_env.workloads.runs.synth.compose import (
     PAPER_OP_COUNT_WEIGHTS,
     PAPER_TRANSFORMERS_SHARE,
     Candidate,
@@ -45,21 +45,21 @@ from kernel_env.workloads.synth.compose import (
     LLMComposer,
     check_weights,
 )
-from kernel_env.workloads.synth.crawl import PRESETS, crawl
-from kernel_env.workloads.synth.decontam import (
+from kernel_env.workloads.runs.synth.crawl import PRESETS, crawl
+from kernel_env.workloads.runs.synth.decontam import (
     DEFAULT_THRESHOLD,
     EvalIndex,
     Match,
     write_dropped,
     write_histogram,
 )
-from kernel_env.workloads.synth.filter import (
+from kernel_env.workloads.runs.synth.filter import (
     FilterError,
     FilterSettings,
     Screener,
     Screening,
 )
-from kernel_env.workloads.synth.stats import CompositionStats, composition_stats
+from kernel_env.workloads.runs.synth.stats import CompositionStats, composition_stats
 
 STATE_VERSION = 1
 _COMPOSE_RETRIES = 2
@@ -196,7 +196,7 @@ class SynthSummary:
 
 class _State:
     """The work folder: config check, append-only candidates and verdicts, each a journal
-    (``kernel_env.workloads.journal``: a torn last line, from an interrupted write, is cut and its
+    (``kernel_env.workloads.runs.journal``: a torn last line, from an interrupted write, is cut and its
     candidate redone)."""
 
     def __init__(self, directory: Path, decisive: dict[str, Any], *, restart: bool):

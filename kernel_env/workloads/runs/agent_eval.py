@@ -14,7 +14,7 @@ prompt as the first user message, then per turn the model's assistant message (i
 A reply without a tool call is stepped as text too (the environment answers it as an invalid
 call, and the turn counts); the model then gets that answer and a short nudge as a user message.
 
-Records (``kernel_env.workloads.metrics.EpisodeRecord``) hold what RFT/SFT needs: ``messages`` (exactly
+Records (``kernel_env.workloads.analysis.metrics.EpisodeRecord``) hold what RFT/SFT needs: ``messages`` (exactly
 what the model saw and said, plus vLLM's ``reasoning_content``), ``tools`` (the function
 schemas), every evaluation, the final one, ``reward``, ``invalid_calls``, ``tokens`` (the
 server's counts), ``rollout`` (the environment's accounting: calls by tool, tool errors, repeated
@@ -22,7 +22,7 @@ calls, the time split) and ``stop`` ("finished": the model called Finish; "turn_
 "context_limit": the conversation reached ``max_context_tokens``, 128k by default, or the server
 refused it as past the model's context; both end with the final evaluation; "error").
 Rejection fine-tuning keeps ``reward > 0``, no invalid calls and no loops:
-``kernel_env.workloads.trajectories`` (``kernel-env export``).
+``kernel_env.workloads.analysis.trajectories`` (``kernel-env export``).
 
 Failure: a model call that fails (HTTP 5xx, timeout, a dropped connection) is retried
 ``model_retries`` times with backoff; then the episode is recorded with ``stop="error"`` and the
@@ -32,7 +32,7 @@ recorded with ``stop="evaluator_fault"`` and no reward: it says nothing of the m
 be reached at all ends the run (``ServerUnreachable``), before the first episode (then nothing is
 written: the run file is made once the server has answered) or when an episode's retries end on
 a refused connection; finished records stay. Every record is appended and fsynced as its episode
-ends (the output is a journal: ``kernel_env.workloads.journal``), and a rerun with the same output
+ends (the output is a journal: ``kernel_env.workloads.runs.journal``), and a rerun with the same output
 skips every task that already has a record with a verdict (not "error" nor "evaluator_fault"), so
 an interrupted or partly failed run is resumed by running it again.
 
@@ -67,8 +67,8 @@ from kernel_env.runtime.episode import (
 )
 from kernel_env.runtime.pool import GpuPool
 from kernel_env.tasks import Task
-from kernel_env.workloads.journal import Journal, JournalError
-from kernel_env.workloads.llm import (
+from kernel_env.workloads.runs.journal import Journal, JournalError
+from kernel_env.workloads.runs.llm import (
     DEFAULT_BASE_URL,
     TOOL_SERVE_HINT,
     NoChoices,
@@ -78,7 +78,7 @@ from kernel_env.workloads.llm import (
     connect,
     why,
 )
-from kernel_env.workloads.metrics import UNDECIDED_STOPS, EpisodeRecord, RecordError, read_records
+from kernel_env.workloads.analysis.metrics import UNDECIDED_STOPS, EpisodeRecord, RecordError, read_records
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ TurnCallback = Callable[[str, int, int], None]
 
 
 class RunFile:
-    """A run's JSONL output: one episode record per line, a journal (``kernel_env.workloads.journal``):
+    """A run's JSONL output: one episode record per line, a journal (``kernel_env.workloads.runs.journal``):
     each record is on disk (fsynced) when its episode's ``append`` returns.
 
     ``read`` reads what is there, if anything, and changes nothing; it raises RecordError for a file

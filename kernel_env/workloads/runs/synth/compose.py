@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel_env.tasks import Task, TaskError
-from kernel_env.workloads.synth.crawl import (
+from kernel_env.workloads.runs.synth.crawl import (
     KINDS,
     LAYOUTS,
     Call,
@@ -195,7 +195,7 @@ def _sized(layout: str, dims: dict[str, int], steps: list[Step], preset: SizePre
 
 
 def _rng(seed: int, index: int) -> random.Random:
-    return random.Random(f"kernel_env.workloads.synth:{seed}:{index}")  # str seeds hash with SHA-512: stable across runs
+    return random.Random(f"kernel_env.workloads.synth:{seed}:{index}")  # the seed string as first written (str seeds hash with SHA-512): tasks stay the same across versions
 
 
 def _op_count(rng: random.Random, weights: dict[int, float]) -> int:

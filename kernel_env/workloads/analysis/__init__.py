@@ -1,0 +1,1 @@
+"""What a run's episode records say: metrics, their report, trajectories for fine-tuning."""

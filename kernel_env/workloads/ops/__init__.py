@@ -1,0 +1,1 @@
+"""The operator's tools: what this machine can run (``kernel-env doctor``)."""
