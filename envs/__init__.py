@@ -30,7 +30,19 @@ def register() -> None:
 
 
 def make(env_id: str, **kwargs) -> gymnasium.Env:
-    """Build an environment by name (``KernelAgent-v0`` or ``kernel_env/KernelAgent-v0``), unwrapped."""
+    """Build an environment by name, without gymnasium's wrappers (so ``areset`` / ``astep`` are
+    at hand).
+
+    Args:
+        env_id: ``KernelAgent-v0`` or ``KernelRefine-v0``, with or without the ``kernel_env/``
+            prefix.
+        **kwargs: the environment's keyword arguments (``KernelAgentEnv``, ``KernelRefineEnv``).
+
+    Returns:
+        The environment, not yet reset.
+
+    Raises:
+        ValueError: an unknown name, or what the environment's constructor raises."""
     name = env_id.removeprefix("kernel_env/")
     if name not in ENTRY_POINTS:
         raise ValueError(f"unknown environment {env_id!r}; available: {', '.join(ENTRY_POINTS)}")

@@ -1,41 +1,18 @@
-"""KernelAgent-v0: an agent with tools in a sandboxed workspace, rewarded by the trusted harness.
+"""KernelAgent-v0: an agent's tool calls in a sandboxed workspace, paid by the trusted harness.
 
-::
+An action is one tool call, or a list of them run in order; the observation is the tools' output.
+The episode ends with ``Finish`` (terminated), at ``max_turns`` or ``truncate(reason)``
+(truncated); then the solution is rebuilt from scratch and evaluated, and what that evaluation
+pays is the reward. Rewards, faults and accounting: docs/design.md, Environments.
 
-    env = kernel_env.make("KernelAgent-v0", task="example/relu_add", language="cpp", device="cpu")
-    obs, info = env.reset()                    # the task prompt: model.py, SKILL.md, the tools
-    obs, reward, terminated, truncated, info = env.step({"name": "Bash", "arguments": {"command": "ls"}})
+- ``KernelAgentEnv``: the environment (``step``, ``truncate`` / ``atruncate``, ``rollout``).
+- ``ToolCallSpace``: its action space: tool calls as a model emits them.
+- ``Rollout``: where an episode's calls and time went (``info["rollout"]``).
 
-An action is one tool call (``{"name", "arguments"}``, an OpenAI or Anthropic tool call, or a
-JSON string of one) or a list of them, answered in order; the observation is the tools' output
-text. Nothing an agent sends makes ``step`` raise: malformed calls come back as error text and
-are counted in ``info["invalid_calls"]``. The ``Finish`` tool ends the episode (terminated);
-reaching ``max_turns`` ends it too (truncated). Either way the solution is then rebuilt from
-scratch, with everything the agent started killed, and evaluated by the trusted harness: what
-that evaluation pays is the episode's reward (``paid_reward``; with the default
-``reward_kind="milestone"`` the milestone the harness recorded, CUDA Agent eq. 1: -1, 1, 2, 3;
-with ``"speedup"``, t_compile / t, -1 if incorrect).
-
-An evaluator's fault is never paid: a final evaluation that failed by the evaluator's fault (a
-worker lost, a child that could not start, the reference failing; ``EvalResult.fault``), even
-when evaluated again, ends the episode as *truncated* with reward 0 for that step, nothing
-settled, and ``info["fault"] == "evaluator"``: a trainer should drop such an episode rather than
-learn from it. ``info["fault"]`` is otherwise ``"candidate"`` (a failed solution) or None.
-
-Rewards arrive at the end by default. ``shaping="milestones"`` pays each new milestone when an
-evaluation during the episode (the agent's ``utils.verification`` / ``utils.profiling``) first
-reaches it, and settles the difference at the end, so the total is the same. This module decides
-when a reward is paid, never how much a result is worth: that is ``paid_reward``'s.
-
-A trainer's own budget (the context's tokens, wall time) ends an episode with ``truncate(reason)``:
-the final evaluation runs and pays as at the turn limit. The episode's accounting is
-``info["rollout"]`` at its end (``env.rollout`` at any time): the calls by tool, tool errors,
-invalid and repeated calls (the filters of rejection fine-tuning), and the seconds spent in the
-model (between an observation and the next action), tools, builds and trusted evaluations.
-
-``step`` blocks while the agent's commands run (a verification waits for the GPU pool); the
-``areset`` / ``astep`` coroutines run it on a thread of a large shared pool, so one event loop
-drives hundreds of episodes.
+Before touching it: ``step`` never raises for anything the agent sends (a malformed call is
+answered as error text). This module decides when a reward is paid, never how much a result is
+worth (that is ``paid_reward``'s); with ``shaping="milestones"`` the total is still the final
+reward. An evaluator's fault is never paid: the episode ends truncated, nothing settled.
 """
 
 from __future__ import annotations
@@ -84,24 +61,24 @@ class ToolCallSpace(ModelOutputSpace):
 
 
 class KernelAgentEnv(EpisodeEnv):
-    """See the module docstring. Keyword arguments (``EpisodeEnv`` says more of the shared ones):
+    """KernelAgent-v0 (the module docstring says what it promises).
 
-    task          a Task, or a spec for ``resolve_task`` ("example/relu_add", a .py file, ...);
-                  ``reset(options={"task": ...})`` switches task
-    language      cuda | cpp | triton (default: cuda where there is a GPU, else cpp)
-    device        where the trusted harness runs: cuda | cpu (default: cuda where there is a GPU)
-    sandbox       sandbox backend: "local" (bubblewrap) or "docker"; ``sandbox_options`` go to its
-                  constructor (e.g. ``{"image": "kernel-env-sandbox:cuda"}`` for docker)
-    pool          a GpuPool, or a pool kind ("local", "ray") for this process's shared pool of that kind;
-                  default: the shared local pool
-    max_turns     steps before the episode is truncated (the paper: 150 training, 200 evaluation)
-    selection     "best" (the paper: the best solution the harness saw counts) or "final"
-    shaping       None (reward at the end) or "milestones" (each new milestone when first reached)
-    reward_kind   "milestone" (CUDA Agent eq. 1) or "speedup" (t_compile / t, -1 if incorrect): what
-                  ``paid_reward`` pays for a result
-    settings      EvalSettings for every evaluation of the episode (default: the protocol's)
-    tools         the tool names offered (default: all, Finish included)
-    max_output_chars  cap on each tool result's text
+    Args:
+        task, language, device, sandbox, sandbox_options, pool, settings, kernelbench_root: as
+            ``EpisodeEnv``'s.
+        max_turns: steps before the episode is truncated (the paper: 150 training, 200 evaluation).
+        selection: which solution counts: "best" (the best one the harness saw during the episode,
+            the paper's choice) or "final" (the one in the workspace at the end).
+        shaping: None (the reward on the last step) or "milestones" (each new milestone when an
+            evaluation first reaches it, the rest settled on the last step; same total).
+        reward_kind: what ``paid_reward`` pays for a result: "milestone" (CUDA Agent eq. 1: -1, 1,
+            2, 3) or "speedup" (t_compile / t, -1 if incorrect).
+        tools: the tool names offered (default: all, Finish included).
+        max_output_chars: cap on each tool result's text.
+
+    Raises:
+        ValueError: an unknown selection, shaping or reward kind; shaping without
+            reward_kind="milestone"; and what ``EpisodeEnv`` raises.
     """
 
     def __init__(self, task: Task | str | None = None, *, language: str | None = None, device: str | None = None,
@@ -152,7 +129,25 @@ class KernelAgentEnv(EpisodeEnv):
         return self._prompt(), info
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Run the action's tool calls in order; never raises for anything the agent sends."""
+        """Run the action's tool calls in order; at the episode's end, the final evaluation.
+
+        Args:
+            action: one tool call (``{"name", "arguments"}``, an OpenAI or Anthropic tool call, or
+                a JSON string of one) or a list of them. Nothing in it makes ``step`` raise: a
+                malformed call is answered as error text and counted in ``info["invalid_calls"]``.
+
+        Returns:
+            observation (str): the tools' output (several results each under a header naming its
+                tool); on the last step the final evaluation's report follows.
+            reward (float): 0, or with ``shaping`` what new milestones add; on the last step what the
+                final evaluation settles (``paid_reward`` less what was paid before).
+            terminated (bool): ``Finish`` was called.
+            truncated (bool): the turn limit was reached, or the final evaluation failed by the
+                evaluator's fault (then nothing is settled, and a trainer should drop the episode).
+            info (dict): ``turn``, ``max_turns``, ``invalid_calls``, ``tool_results``,
+                ``evaluations`` (every trusted evaluation so far), ``task_id``; on the last step
+                also ``final``, ``final_report``, ``fault`` ("candidate", "evaluator" or None) and
+                ``rollout``. After the end: ``ENDED``, 0.0, terminated."""
         if self.done or self.episode is None:
             return ENDED, 0.0, True, False, self._info([])
         self.rollout.model_s += time.monotonic() - self._answered
@@ -175,9 +170,13 @@ class KernelAgentEnv(EpisodeEnv):
 
     def truncate(self, reason: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """End the episode now, as the turn limit does, for a budget the trainer keeps (the
-        context's tokens, wall time): the final evaluation runs and pays as at any end, and the
-        step is truncated. ``reason`` ends the observation ("The context budget ... was reached.").
-        After the end, answers as ``step`` does."""
+        context's tokens, wall time): the final evaluation runs and pays as at any end.
+
+        Args:
+            reason: the text that ends the observation ("The context budget ... was reached.").
+
+        Returns:
+            As ``step``'s last step, truncated; after the end, as ``step`` answers then."""
         if self.done or self.episode is None:
             return ENDED, 0.0, True, False, self._info([])
         self.rollout.model_s += time.monotonic() - self._answered

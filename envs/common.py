@@ -62,25 +62,27 @@ async def in_thread(call: Callable[[], T]) -> T:
 
 class EpisodeEnv(gymnasium.Env[str, Any], abc.ABC):
     """An environment whose episode is one ``Episode``: a fresh workspace holding the task, a
-    sandbox over it, and a broker that sends its evaluations to the pool.
+    sandbox over it, and a broker that sends its evaluations to the pool. A subclass sets
+    ``observation_space`` and ``action_space``, implements ``step`` and ``_start``, extends
+    ``_reset_state`` / ``_close_episode`` for what it keeps per episode, and sets its defaults.
 
-    Keyword arguments (each subclass documents its own, and its defaults):
+    Args:
+        task: a Task, or a spec for ``resolve_task``; None until ``reset(options={"task": ...})``
+            names one (which also switches task).
+        language: cuda | cpp | triton; None: cuda where a GPU is visible, else cpp.
+        device: where the trusted harness runs, cuda | cpu; None: cuda where a GPU is visible.
+        sandbox: the sandbox backend, "local" (bubblewrap) or "docker".
+        sandbox_options: the backend's constructor's keyword arguments (docker: ``{"image": ...}``).
+        pool: a GpuPool, or a pool kind ("local", "ray") for this process's shared pool of that
+            kind; None: the shared local pool.
+        max_turns: steps before the episode is truncated (at least 1).
+        settings: EvalSettings for every evaluation of the episode; None: the protocol's.
+        kernelbench_root: the KernelBench checkout of ``kernelbench/...`` specs; None:
+            ``$KERNEL_ENV_KERNELBENCH``.
 
-    task          a Task, or a spec for ``resolve_task`` ("example/relu_add", a .py file, ...);
-                  ``reset(options={"task": ...})`` switches task
-    language      cuda | cpp | triton (default: cuda where a GPU is visible, else cpp); an unknown
-                  one raises ValueError here
-    device        where the trusted harness runs: cuda | cpu (default: cuda where a GPU is visible);
-                  both defaults are ``kernel_env.runtime.episode.language_and_device``'s
-    sandbox       sandbox backend: "local" (bubblewrap) or "docker"; ``sandbox_options`` go to its
-                  constructor (e.g. ``{"image": "kernel-env-sandbox:cuda"}`` for docker)
-    pool          a GpuPool, or a pool kind ("local", "ray") for this process's shared pool of that
-                  kind; default: the shared local pool
-    max_turns     steps before the episode is truncated (at least 1)
-    settings      EvalSettings for every evaluation of the episode (default: the protocol's)
-
-    A subclass sets ``observation_space`` and ``action_space``, implements ``step`` and
-    ``_start``, and extends ``_reset_state`` / ``_close_episode`` for what it keeps per episode.
+    Raises:
+        ValueError: max_turns below 1, an unknown language or pool kind.
+        TaskError: a task spec that names no task.
     """
 
     metadata = {"render_modes": []}
@@ -108,12 +110,24 @@ class EpisodeEnv(gymnasium.Env[str, Any], abc.ABC):
     # ------------------------------------------------------------------ the contract
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Close the previous episode, open a fresh one on the task, and return ``_start()``: the
-        first observation (the prompt) and info.
+        """Close the previous episode and open a fresh one on the task: a new workspace, sandbox
+        and broker.
 
-        ``options={"task": ...}`` switches task first. Raises ValueError when there is no task;
-        whatever ``Episode.open`` raises (EpisodeError: a language the device cannot run;
-        SandboxError: no sandbox here) when the episode cannot be opened, leaving none open."""
+        Args:
+            seed: seeds the environment's ``np_random``, as gymnasium does; nothing of the
+                episode draws from it.
+            options: ``{"task": Task or spec}`` switches task first; other keys are ignored.
+
+        Returns:
+            observation (str): the task's prompt (each environment says what it holds).
+            info (dict): ``task_id``, ``language``, ``device``, ``max_turns``, ``turn`` (0),
+                ``workspace_host_path``, and each environment's own keys.
+
+        Raises:
+            ValueError: there is no task (none given here nor at construction).
+            TaskError: ``options["task"]`` names no task; the open episode stays open.
+            EpisodeError: a language or device that cannot run here; no episode is left open.
+            SandboxError: the sandbox cannot be made or started here; no episode is left open."""
         super().reset(seed=seed)
         if options and options.get("task") is not None:
             self.task = self._task(options["task"])
@@ -127,9 +141,21 @@ class EpisodeEnv(gymnasium.Env[str, Any], abc.ABC):
 
     @abc.abstractmethod
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Answer one action: (observation, reward, terminated, truncated, info). Never raises for
-        anything a model sends (a malformed action is answered as text and counts as a turn);
-        after the episode ended, answers ``ENDED`` with reward 0."""
+        """Answer one action. Never raises for anything a model sends: a malformed action is
+        answered as text and counts as a turn.
+
+        Args:
+            action: what the model produced, in the form ``action_space`` contains.
+
+        Returns:
+            observation (str): the environment's answer to the action.
+            reward (float): what this step pays (a result that failed by the evaluator's fault pays
+                0, never -1).
+            terminated (bool): the episode reached its own end.
+            truncated (bool): the episode was cut short (``max_turns``, or a final evaluation that
+                failed by the evaluator's fault); either way, call ``reset`` next.
+            info (dict): ``turn``, ``max_turns``, and each environment's own keys.
+            After the episode ended: ``ENDED`` with reward 0."""
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """``reset`` on a step thread, so that one event loop drives many episodes."""

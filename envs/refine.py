@@ -1,30 +1,19 @@
-"""KernelRefine-v0: the fixed multi-turn refine loop of the seed orchestrator, as a Gymnasium env.
+"""KernelRefine-v0: the seed orchestrator's fixed multi-turn refine loop, as a Gymnasium env.
 
-::
+An action is one model completion: the env extracts its code, writes it into the episode's
+workspace, builds and evaluates it as ``python3 -m utils.profiling`` would, and answers with the
+seed's feedback. The episode stops on ``success_fast`` (terminated) or ``max_turns_reached``
+(truncated); only the last step pays. Prompt, extraction, feedback, reward and trace:
+docs/refine.md, KernelRefine-v0.
 
-    env = kernel_env.make("KernelRefine-v0", task="example/relu_add", language="triton", device="cpu")
-    prompt, info = env.reset()                  # info["messages"]: [system, user] (OpenAI chat format)
-    feedback, reward, terminated, truncated, info = env.step(completion)
+- ``KernelRefineEnv``: the environment (``step``; ``trace()``, the seed's trace record).
+- ``CompletionSpace``: its action space: completions as a model returns them.
 
-An action is one model completion: a str, a dict with ``content`` (and optionally
-``reasoning_content``), or an OpenAI ``ChatCompletionMessage`` (or ``ChatCompletion``). The env
-extracts the code (the language's tag, ``<triton>…</triton>`` for Triton, else the last fenced
-code block), writes it into the episode's workspace (model_new.py, or every ``<file path=…>``
-element), builds it in the sandbox and evaluates it through the pool exactly as an agent's
-``python3 -m utils.profiling`` would, and answers with the seed's feedback: the error, how the
-output mismatched, ``{speedup:.2f}x PyTorch`` (speed-up over eager PyTorch) with a request to
-optimise, or success. Nothing a model sends makes ``step`` raise: an answer without usable code
-is told so, and counts as a turn.
-
-The episode stops on ``success_fast`` (correct and speed-up ≥ 1.0: terminated) or
-``max_turns_reached`` (truncated). Reward is 0 on every other step and, on the last, what the
-final turn's evaluation pays (``paid_reward``: the milestone the harness recorded, CUDA Agent
-eq. 1: -1, 1, 2, 3; -1 for an answer without usable code). The last step's ``info["trace"]``
-(and ``trace()``) is the seed orchestrator's trace record, ready for SFT.
-
-What is said and when to stop is the refine protocol (``refine_protocol.py``), which
-``kernel_env.workloads.runs.generate`` shares; this module only runs it on an episode: it writes the
-answer's files, builds and evaluates them, and keeps the conversation and the trace.
+Before touching it: what is said and when to stop is the refine protocol
+(``refine_protocol.py``), which ``kernel_env.workloads.runs.generate`` shares, checking on every
+prompt and stop that it agrees with this env. This module only runs it on an episode: it writes
+the answer's files, builds and evaluates them, and keeps the conversation and the trace. ``step``
+never raises for anything a model sends.
 """
 
 from __future__ import annotations
@@ -73,17 +62,18 @@ class CompletionSpace(ModelOutputSpace):
 
 
 class KernelRefineEnv(EpisodeEnv):
-    """See the module docstring. Keyword arguments (``EpisodeEnv`` says more of the shared ones):
+    """KernelRefine-v0 (the module docstring says what it promises).
 
-    task          a Task, or a spec for ``resolve_task``; ``reset(options={"task": ...})`` switches task
-    language      cuda | cpp | triton (default: cuda where a GPU is visible, else cpp); its tag is the
-                  answer's tag (the seed's traces are Triton's: pass language="triton" for them)
-    device        where the trusted harness runs: cuda | cpu (default: cuda where a GPU is visible)
-    sandbox       sandbox backend: "local" (default) or "docker", with ``sandbox_options``
-    pool          a GpuPool, or a pool kind ("local", "ray"); default: the shared local pool
-    max_turns     answers before the episode is truncated (default 4, the seed's)
-    settings      EvalSettings for every evaluation; the prompt and the feedback state its trials
-                  and tolerance
+    Args:
+        task, device, sandbox, sandbox_options, pool, kernelbench_root: as ``EpisodeEnv``'s.
+        language: as ``EpisodeEnv``'s; its tag is the answer's tag (the seed's traces are
+            Triton's: pass language="triton" for them).
+        max_turns: answers before the episode is truncated (default 4, the seed's).
+        settings: EvalSettings for every evaluation; the prompt and the feedback state its trials
+            and tolerance.
+
+    Raises:
+        ValueError: as ``EpisodeEnv``.
     """
 
     def __init__(self, task: Task | str | None = None, *, language: str | None = None, device: str | None = None,
@@ -113,7 +103,25 @@ class KernelRefineEnv(EpisodeEnv):
         return observation, info
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Evaluate one completion and answer with feedback; never raises for anything a model sends."""
+        """Evaluate one completion and answer with feedback.
+
+        Args:
+            action: one completion: a str (or UTF-8 bytes), a mapping with ``content`` (and
+                ``reasoning_content`` or ``reasoning``), or an OpenAI ``ChatCompletionMessage`` /
+                ``ChatCompletion``. Anything else, or an answer without usable code, is answered
+                with feedback saying so and counts as a turn; nothing makes ``step`` raise.
+
+        Returns:
+            observation (str): the feedback (the seed's wording).
+            reward (float): 0 until the last step; then what the final turn's evaluation pays
+                (``paid_reward``: -1, 1, 2, 3; -1 for an answer without usable code; 0 for an
+                evaluator's fault).
+            terminated (bool): ``success_fast``: correct, and at least as fast as eager PyTorch.
+            truncated (bool): ``max_turns_reached``.
+            info (dict): ``turn``, ``max_turns``, ``messages`` (the chat so far), ``result`` (the
+                seed's result record), ``turn_record``, ``evaluation`` and ``report`` (None when
+                nothing was evaluated), ``stop_reason``; on the last step also ``fault`` and
+                ``trace``. After the end: ``ENDED``, 0.0, the last step's flags."""
         if self.done or self.episode is None:
             return ENDED, 0.0, self.stop_reason == "success_fast", self.stop_reason == "max_turns_reached", \
                 {"turn": self.turn, "max_turns": self.max_turns, "messages": self._messages()}

@@ -1,26 +1,18 @@
 """Rules on the built module: what build/cuda_extension*.so asks the dynamic linker for, and what
 its own machine code does (trusted side: the module is read as data, never loaded).
 
-The source rules read C++ as text, and C++ can call a function without spelling its name where
-they look: an asm label (`int run_it(const char*) __asm__("PyRun_SimpleString");`, the name in a
-string literal), a `.symver` directive, a `weakref` attribute, `#pragma redefine_extname`, a name
-in an inline asm template (`call pthread_create@PLT`), or a module built from other sources than
-the snapshot's. Whatever the spelling, a function of another library is one the module imports by
-its real name, so the module's dynamic symbols say what it calls; and a system call made by the
-module's own instructions is an instruction in its code. Both are read here:
+- ``check_module``: the violations of a snapshot's built module(s); run by ``static_rules``.
+- ``undefined_symbols``: a module's imports, read from its ELF file by the standard library alone.
+- ``read_untrusted``: a file the sandboxed side wrote, read trusting nothing about it.
 
-* imports: the undefined dynamic symbols, read from the ELF file by the standard library alone
-  (no binutils needed): the `.dynsym` section (what `nm -D --undefined-only` lists) and every
-  symbol the dynamic relocations bind (what the loader resolves, found through the dynamic
-  segment, so section headers that lie hide nothing);
-* machine code: `objdump -d` of the code sections, for instructions that enter the kernel, and a
-  check that no executable byte lies outside every section (where objdump would not look).
-
-These are a second line behind the source rules, not a wall: code that finds a function itself
-(walking a loaded library's ELF tables in memory from any address it holds) imports nothing, and
-an instruction hidden inside another's bytes (jumped into mid-instruction) is not what a linear
-disassembly shows. Honest modules need none of what is refused (see _REFUSED_IMPORTS for how the
-list was derived).
+Why the module and not only its sources: C++ can call a function without spelling its name where
+the source rules look (an asm label, ``.symver``, a name in an inline asm template, a module built
+from other sources), but whatever the spelling, a function of another library is one the module
+imports by its real name, and a system call the module makes itself is an instruction in its code.
+What is read, and the limits (docs/design.md, Rules and Known limits): these are a second line
+behind the source rules, not a wall. Honest modules need none of what is refused; the comment above
+``_REFUSED_IMPORTS`` says how the list was derived, and a change to it must keep honest builds
+passing.
 """
 
 from __future__ import annotations
@@ -142,7 +134,14 @@ class _Unreadable(Exception):
 
 
 def check_module(snapshot: Path) -> list[str]:
-    """Violations found in the snapshot's built module(s), build/cuda_extension*.so; [] where there is none."""
+    """The rules applied to a snapshot's built module(s).
+
+    Args:
+        snapshot: the broker's copy of a workspace; its build/cuda_extension*.so are read.
+
+    Returns:
+        One message per violation, each starting with the module's path in the snapshot (a module
+        that cannot be read is one); [] where there is no module or nothing is wrong."""
     build = snapshot / "build"
     if not build.is_dir():
         return []
@@ -159,8 +158,18 @@ def check_module(snapshot: Path) -> list[str]:
 
 
 def undefined_symbols(data: bytes) -> set[str]:
-    """The module's undefined dynamic symbols, without versions: those of `.dynsym` and those the
-    dynamic relocations bind. Raises _Unreadable."""
+    """The module's undefined dynamic symbols, without versions: those of `.dynsym` (what
+    `nm -D --undefined-only` lists) and those the dynamic relocations bind (found through the
+    dynamic segment, so section headers that lie hide nothing).
+
+    Args:
+        data: the module's bytes.
+
+    Returns:
+        The symbols' names (``pthread_create``, not ``pthread_create@GLIBC_2.34``).
+
+    Raises:
+        _Unreadable: not an ELF shared object this reader can follow."""
     return _Elf(data).undefined_symbols()
 
 
@@ -202,8 +211,18 @@ def _judge(data: bytes) -> tuple[str, ...]:
 
 
 def read_untrusted(path: Path, limit: int = MAX_MODULE_BYTES) -> bytes:
-    """The bytes of a file the sandboxed side wrote, trusting nothing about it: a regular file (no
-    link, fifo or device) of at most ``limit`` bytes, else ValueError (or OSError)."""
+    """The bytes of a file the sandboxed side wrote, trusting nothing about it.
+
+    Args:
+        path: the file; a link is not followed.
+        limit: the most bytes it may hold.
+
+    Returns:
+        Its bytes.
+
+    Raises:
+        ValueError: not a regular file (a fifo, a device), or more than ``limit`` bytes.
+        OSError: it cannot be opened (a link among them)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(handle.fileno())

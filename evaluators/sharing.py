@@ -1,36 +1,19 @@
 """How evaluation jobs share one device: their untimed steps together, a timing run alone.
 
-A job spends seconds on work that measures nothing (children starting, the task and ModelNew
-loading, the correctness trials, the parent comparing their outputs) and a fraction of a second
-timing. Timing must have the device to itself, so the local pool used to run one whole job per
-device at a time, and the device sat idle through everything else. With a ``DeviceLease``
-several jobs run on one device at once: any number of untimed steps together, and a timing run
-(the baselines', the candidate's) alone, with the children of every other job on the device
-frozen through their cgroups, or stopped through their pid namespaces (``Freezable``).
+- ``DeviceLease``: who may use one device now: any number of untimed steps (children starting,
+  loading, trials, comparisons), or one timing run with every other job's children frozen.
+- ``Freezable``: what the lease freezes (``children.Child``: through its cgroup, else with a stop
+  signal to each process of its pid namespace).
 
-A timing run first waits for the untimed steps in flight to end, and no new one starts meanwhile
-(timing runs go first, so they are never starved). It waits for each step until that step has
-run ``grace_s`` in all: most steps end well within that. One still running then (a candidate
-that hangs in ``forward``, or sleeps, or just runs long) is frozen where it stands, with the
-other jobs' children, and runs on once the timing run is over: one bad sample never holds
-another job's timing hostage for longer than the grace, and a step that has hung for a while
-already holds it up not at all. The frozen step's own deadline does not count the time it spent
-frozen (``children.Child``). Only where a child cannot be frozen (no isolation on this host)
-does the timing run wait for every step to end.
-
-Frozen mid-step on a GPU, a process launches nothing more, but a kernel it already launched
-runs on to its end: the grace lets short steps end cleanly. A kernel that runs on (one that
-never ends, say) would share the device with the timing, the GPU switching between the two
-processes: beside a spinning kernel, an honest 0.02 ms call took 2.7 ms of wall time and was
-judged a patched timer. So on a shared GPU the harness first probes the device (a tiny kernel
-waits for another process's time slice) and, when it is busy, times again with ``drain``: once
-every untimed step has ended, a kernel that never ends with its job, at that job's deadline
-(harness.py, ``_Evaluation.timing_step``).
+A timing run waits for each untimed step in flight until it has run ``grace_s`` in all, freezes
+one still running then where it stands, and lets no new one start until it is over (timing runs go
+first, so they are never starved). Where a child cannot be frozen (no isolation on this host) it
+waits for every step to end. Why, the device probe and ``drain``, and what it costs:
+docs/design.md, Jobs sharing a device.
 
 Between its steps a job's children are idle: each command ends with the device synchronised
-(``runner.py``), so nothing a finished step launched is still running when a timing run starts.
-A child that broke that protocol (a thread of its own, launching on) would slow another job's
-timing, so it is frozen like the rest (and the thread is a violation of its own job either way).
+(``runner.py``). A child that broke that (a thread of its own, launching on) would slow another
+job's timing, so every other job's child is frozen, busy or not.
 
 This module never starts a process and never touches a device: it only decides who may.
 """
@@ -61,7 +44,11 @@ class DeviceLease:
     ``account()`` says how long the lease has spent in each of its states, ``stragglers``
     how many untimed steps a timing run has frozen mid-step (their grace ran out), and
     ``freezing_s`` how much of the timing runs' time went to freezing and thawing other jobs'
-    children (where no cgroup can be frozen, a stop signal to each process of their namespaces)."""
+    children (where no cgroup can be frozen, a stop signal to each process of their namespaces).
+
+    Args:
+        grace_s: how long a timing run waits for an untimed step in flight, counted from the
+            step's start, before freezing it (the local pool: 1 s on a GPU, 0 on the CPU)."""
 
     STATES = ("timing", "draining", "untimed", "idle")
 
@@ -90,14 +77,21 @@ class DeviceLease:
         self._since = now
 
     def account(self) -> dict[str, float]:
-        """Seconds spent so far in each state (``STATES``), from the lease's creation."""
+        """How the lease's time went.
+
+        Returns:
+            Seconds spent so far in each state of ``STATES``, from the lease's creation: "timing" (a
+            timing run measures), "draining" (a timing run waits for untimed steps to end), "untimed"
+            (untimed steps only), "idle"."""
         with self._cv:
             self._tick()
             return dict(self._seconds)
 
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
-        """A step that measures nothing: it runs beside other jobs' untimed steps, never beside a timing run."""
+        """A step that measures nothing: it runs beside other jobs' untimed steps, never beside a timing
+        run. Use it as a context manager around the step; it waits while a timing run holds the
+        device or waits for it."""
         token = object()
         with self._cv:
             self._cv.wait_for(lambda: not self._timing and not self._waiting)
@@ -126,10 +120,16 @@ class DeviceLease:
 
     @contextlib.contextmanager
     def timing(self, own: Iterable[Freezable] = (), drain: bool = False) -> Iterator[None]:
-        """A timing run: the device to itself, every other job's children frozen where possible.
+        """A timing run: the device to itself, every other job's children frozen where possible. Use
+        it as a context manager around the run; the children are thawed when it exits.
 
         Untimed steps that have run ``grace_s`` in all are frozen mid-step, unless one of the
-        children cannot be frozen, or ``drain``: then the run waits for them to end."""
+        children cannot be frozen, or ``drain``: then the run waits for them to end.
+
+        Args:
+            own: the caller's own children, left running.
+            drain: wait for every untimed step in flight to end, however long (a run made again
+                because another process's kernel held the device)."""
         mine, claimed = list(own), False
         with self._cv:
             self._tick()
@@ -171,6 +171,7 @@ class DeviceLease:
                 self._cv.notify_all()
 
     def register(self, child: Freezable) -> None:
+        """A live child of a job on this device: frozen by other jobs' timing runs until ``unregister``."""
         with self._cv:
             self._children.append(child)
 

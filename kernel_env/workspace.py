@@ -10,11 +10,12 @@
     model.py             protected: the reference Model
     model_new.py         the agent's ModelNew
 
-A workspace lives in a host directory of its own (``root``) that also holds the sandbox's
-private state; only ``root/workspace`` is the agent's. Protected files are read-only (the
-sandbox mounts them read-only as well) and hashed at creation, so tampering is detected
-even where a backend could not enforce it. The trusted harness never runs the workspace's
-copies of protected files: it uses its own.
+``Workspace.create`` makes one, stating the evaluations' checks (``Checks``, ``state_checks``);
+``PROTECTED`` and ``AGENT_OWNED`` name its parts. A workspace lives in a host directory of its
+own (``root``) that also holds the sandbox's private state; only ``root/workspace`` is the
+agent's. Protected files are read-only (the sandbox mounts them read-only as well) and hashed at
+creation, so tampering is detected even where a backend could not enforce it. The trusted
+harness never runs the workspace's copies of protected files: it uses its own.
 """
 
 from __future__ import annotations
@@ -60,8 +61,20 @@ class Workspace:
                checks: Checks | None = None) -> Workspace:
         """Materialise template + task + SKILL.md into a fresh directory and protect it.
 
-        ``checks``: what the evaluations this workspace's solutions get check, which SKILL.md and
-        ``utils/verification.py`` state (in general words without them)."""
+        Args:
+            task: the task; its code becomes ``model.py``.
+            language: cuda | cpp | triton (or a Language): which skill, starter ``model_new.py``
+                and template files (triton has no binding files).
+            root: the folder the workspace's own directory is made in; None:
+                ``$KERNEL_ENV_HOME/workspaces``.
+            checks: what the evaluations of this workspace's solutions check, which SKILL.md and
+                ``utils/verification.py`` state; None: general words and the default margin.
+
+        Returns:
+            The workspace, its protected files read-only and hashed.
+
+        Raises:
+            ValueError: an unknown language."""
         lang = get_language(language) if isinstance(language, str) else language
         base = Path(root) if root else workspaces_dir()
         base.mkdir(parents=True, exist_ok=True)

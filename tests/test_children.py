@@ -151,7 +151,7 @@ def test_a_child_holds_only_its_own_descriptors_and_limits():
         facts["limits"] = [line.split()[-3:-1] for line in open("/proc/self/limits") if line.startswith(("Max core", "Max open"))]
     """)
     sockets = [fd for fd, target in facts["fds"].items() if target.startswith("socket:")]
-    assert sockets == ["4"], facts["fds"]  # the marks socket: never the fork server's
+    assert sockets == ["4"], facts["fds"]  # the parent socket: never the fork server's
     assert facts["limits"] == [["0", "0"], ["4096", "4096"]], facts["limits"]
 
 

@@ -46,7 +46,7 @@ NATIVE_REFUSED = {
     "PyImport": ('PyObject* sys = PyImport_ImportModule("sys");', INTERPRETER),
     "PyRun": ('PyRun_SimpleString("import gc");', INTERPRETER),
     "reinterpret": ("auto o = pybind11::reinterpret_borrow<pybind11::object>(handle);", INTERPRETER),
-    # The harness's pipes and its marks socket are open in the candidate's process.
+    # The harness's pipes and its parent socket are open in the candidate's process.
     "fopen": ('FILE* mem = fopen("/proc/self/mem", "r+");', PROCESS),
     "ifstream": ('std::ifstream maps("/proc/self/maps");', PROCESS),
     "mprotect": ("mprotect(page, 4096, 7);", PROCESS),

@@ -1,29 +1,16 @@
 """What a task's trials are made of, and which trivial answers would pass them (issue 26).
 
-**Inputs that defeat shortcuts.** The correctness trials do not all use the task's own
-``get_inputs()`` as they are: each trial draws them under its own secret seed and then reshapes
-their distribution (``VARIANTS``): trial 1 as the task makes them, then uniform over the same
-range, scaled up, shifted down by its mean and one standard deviation (so that an input the task
-makes positive takes negative values too: ``relu(x)`` of ``torch.rand`` inputs is ``x``), scaled
-down. Only floating-point tensors
-change; integer, boolean and other inputs (indices, masks, sizes) are the task's. A kernel
-that holds only for standard-normal inputs (a polynomial fit of GELU on [-4, 4], a mean assumed
-to be zero) fails; an honest one computes the same function on any of them. A trial whose
-variant makes the reference raise or give a non-finite output where the task's own inputs do
-not (a domain the variant left: a Cholesky factor of a matrix no longer positive definite, an
-overflow) uses the task's own inputs instead. A task may name the variants it accepts with a
-module-level ``INPUT_VARIANTS`` tuple (``("as_is",)`` keeps every trial on its own inputs).
-Timing always uses the task's own inputs.
+- ``VARIANTS``, ``trial_variants``, ``task_variants``, ``vary``: each trial's inputs drawn under
+  its own secret seed, then reshaped (uniform, scaled, shifted), so that a kernel that holds only
+  for the task's own distribution (a polynomial fit of GELU on [-4, 4], a mean assumed zero) fails.
+- ``TrivialAnswers``: which answers that compute nothing (zeros, a constant, the first trial's
+  output replayed, an input passed through) pass every trial at the evaluator's tolerance.
+- ``finite``: whether outputs are free of NaN and Inf.
 
-**Trivial answers.** A task pays full reward to a kernel that returns a constant when its
-output is (nearly) the same for every input. ``TrivialAnswers`` watches the reference's trial
-outputs and says, for each output, which of these answers (none computes anything) would pass
-every trial at the evaluator's tolerance: zeros, any constant, the first trial's output replayed
-for every later one, or one of the inputs passed through. A task every output of which some
-trivial answer passes cannot be evaluated; nor can one whose reference gives NaN or Inf.
-
-Imported by the evaluation children by its bare name (``import screen``), and on the host as
-``kernel_env.evaluators.child.screen`` (the task probe screens with it too).
+The rules, and what was measured with them: docs/tasks.md, Screening. Imported by the evaluation
+children by its bare name (``import screen``), and on the host as
+``kernel_env.evaluators.child.screen`` (the task probe screens with it too): it imports nothing of
+kernel_env, only torch and its sibling ``compare``.
 """
 
 from __future__ import annotations
@@ -42,14 +29,29 @@ _SCALE = 4.0
 
 
 def trial_variants(count: int, allowed: tuple[str, ...] | None = None) -> list[str]:
-    """The variant of each of ``count`` trials: ``VARIANTS`` in turn, those the task allows."""
+    """The variant of each of ``count`` trials: ``VARIANTS`` in turn, those the task allows.
+
+    Args:
+        count: the number of trials.
+        allowed: the variants the task accepts (``task_variants``); None: all of them.
+
+    Returns:
+        One name of ``VARIANTS`` per trial, the first "as_is" where the task allows it."""
     usable = [v for v in VARIANTS if allowed is None or v in allowed] or ["as_is"]
     return [usable[index % len(usable)] for index in range(count)]
 
 
 def task_variants(namespace: dict) -> tuple[str, ...] | None:
-    """The variants a task declares it accepts (``INPUT_VARIANTS``), None when it declares none.
-    Raises ValueError for a declaration that names none of ``VARIANTS``."""
+    """The variants a task declares it accepts.
+
+    Args:
+        namespace: the task module's globals, where ``INPUT_VARIANTS`` may be (a name or a tuple).
+
+    Returns:
+        The declared names, or None when the task declares none.
+
+    Raises:
+        ValueError: the declaration is empty or names something not in ``VARIANTS``."""
     declared = namespace.get("INPUT_VARIANTS")
     if declared is None:
         return None
@@ -66,8 +68,21 @@ def vary(inputs: list, variant: str, seed: int) -> list:
     of the device (a KernelBench level-1 task's, 24 GiB of an H100's 80). A task whose
     ``get_inputs()`` returns a tensor it keeps (a module-level one) sees it reshaped for good:
     both processes alike, so the judgement holds, but its timing then uses the reshaped values;
-    such a task declares ``INPUT_VARIANTS = ("as_is",)``. Raises for a tensor that cannot be
-    reshaped in place (an expanded one); the trial then uses the task's own inputs."""
+    such a task declares ``INPUT_VARIANTS = ("as_is",)``.
+
+    Args:
+        inputs: what ``get_inputs()`` returned; only floating-point tensors of more than one element
+            change, and a storage given twice is reshaped once.
+        variant: one of ``VARIANTS``.
+        seed: the trial's seed (the uniform variant's draw).
+
+    Returns:
+        ``inputs`` itself.
+
+    Raises:
+        ValueError: ``variant`` is not one of ``VARIANTS``.
+        RuntimeError: a tensor cannot be reshaped in place (an expanded one); the trial then uses
+            the task's own inputs."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown input variant {variant!r}")
     if variant == "as_is":
@@ -104,8 +119,14 @@ _CHUNK = compare._CHUNK
 
 
 def finite(outputs: list[torch.Tensor], device: torch.device | None = None) -> bool:
-    """Whether every output is free of NaN and Inf, looked at a chunk at a time on ``device`` (by
-    default where each output is)."""
+    """Whether every output is free of NaN and Inf, looked at a chunk at a time.
+
+    Args:
+        outputs: the tensors to look at (only floating-point and complex ones can hold NaN or Inf).
+        device: where the chunks are looked at; None: where each output is.
+
+    Returns:
+        True when none holds a NaN or an Inf."""
     return all(bool(torch.isfinite(chunk.to(device or chunk.device)).all()) for t in outputs
                if t.is_floating_point() or t.is_complex() for chunk in t.reshape(-1).split(_CHUNK))
 
@@ -119,10 +140,13 @@ class TrivialAnswers:
     exactly: each element ``r`` admits the interval ``r ± (atol + rtol * |r|)``, and some constant
     passes every trial when the intersection over every element and trial is not empty.
 
-    ``device``: where the work is done, a chunk at a time (by default where each output is). The
-    judge keeps a trial's outputs in host memory when the device is short; screened there, a
-    KernelBench level-1 task's five 6 GiB outputs took four judges side by side past the step's
-    300 s bound."""
+    Args:
+        atol, rtol: the evaluator's tolerance.
+        search: False checks only that the outputs are finite (a task already screened).
+        device: where the work is done, a chunk at a time; None: where each output is. The judge
+            keeps a trial's outputs in host memory when the device is short; screened there, a
+            KernelBench level-1 task's five 6 GiB outputs took four judges side by side past the
+            step's 300 s bound."""
 
     def __init__(self, atol: float, rtol: float, *, search: bool = True, device: torch.device | None = None) -> None:
         self.atol, self.rtol, self.device = atol, rtol, device
@@ -135,6 +159,12 @@ class TrivialAnswers:
         self._bounds: list[list[list[float] | None]] = []
 
     def add(self, outputs: list[torch.Tensor], inputs: list, precise: list[torch.Tensor] | None = None) -> None:
+        """Take in one trial.
+
+        Args:
+            outputs: the reference's outputs of the trial (the first trial's are kept, to replay).
+            inputs: the inputs the trial was given, as they were before the model ran.
+            precise: the float32 run's outputs, for a half-precision task; None otherwise."""
         self.trials += 1
         if self.non_finite is None and not finite(outputs, self.device):
             self.non_finite = self.trials
@@ -202,7 +232,11 @@ class TrivialAnswers:
         return [[name for name, ok in alive.items() if ok] for alive in self._alive]
 
     def reasons(self) -> list[str]:
-        """Why the task cannot be evaluated, in words; empty when it can."""
+        """Why the task cannot be evaluated.
+
+        Returns:
+            One sentence per reason ("returning the constant 1 as the output passes every trial",
+            or that the reference's output is not finite); empty when the task can be evaluated."""
         if self.non_finite is not None:
             return [f"the reference's output is not finite (NaN or Inf in trial {self.non_finite})"]
         if not self._alive or self.trials < 2:

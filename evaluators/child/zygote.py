@@ -1,40 +1,21 @@
 """The fork server of evaluation children: imports the runner once, forks every child from there.
 
-A fresh interpreter pays seconds of imports (torch, Triton, torch._dynamo) before it can run a
-job: 8-13 s of a core each on a loaded H100 machine, where every job needs two children. This
-process pays them once, for every child of one kind (one environment, GPU or not), and a child
-then costs a fork, a few mounts and, on a GPU, its own CUDA context.
+A fresh interpreter pays seconds of imports (torch, Triton, torch._dynamo: 8-13 s of a core on a
+loaded H100 machine) before it can run a job; this process pays them once for every child of one
+kind (one environment, GPU or not), and a child then costs a fork, a few mounts and, on a GPU, its
+own CUDA context.
 
-It never initialises CUDA (a process forked after that cannot use the device) and never runs a
-task's or a candidate's code: it runs the harness's modules and forks. Started by
-``forkserver.Zygote`` as ``python -I -B zygote.py`` in a bubblewrap sandbox of its own: the
-toolchain read-only, the GPU's device nodes, the host's /proc (see below), the folder of its
-jobs' directories at /jobs, and nothing else of the host. Requests arrive on the socket named by
-``KE_ZYGOTE_FD``: a JSON header and the child's descriptors (stdin, log, reply pipe, marks
-socket, control socket).
+- ``serve``: the server (``python -I -B zygote.py``, started by ``forkserver.Zygote``).
+- ``CHILD_FDS``: the descriptors a request carries, in order.
 
-Each request is served by two forks:
-
-- the warden (W) announces itself on the control socket (the host puts it in the child's
-  cgroup), then enters namespaces of its own: user, mount, pid, network, IPC, UTS, cgroup. In
-  its mount namespace it makes the root and /dev read-only (bubblewrap's tmpfs, one for all
-  the server's children), binds the child's job directories at /job/..., hides /jobs under an
-  empty read-only tmpfs, and mounts a private /tmp and /dev/shm; the interpreter's own folders
-  that lie under /tmp (a venv or a checkout there, as containers and CI runners make them) are
-  bound back into it read-only, since the child imports lazily what the server did not. It
-  forks the child, reports it, waits for it and reports how it ended.
-- the child (R) is pid 1 of the new pid namespace. It mounts a /proc of that namespace over the
-  host's, covers /proc/sys, sysrq-trigger, irq and bus read-only (as bubblewrap does: with the
-  host's root as the sandbox's uid, they would be writable), drops every capability and sets
-  no_new_privs, then runs ``runner.main``. A mount made in a namespace of a less privileged
-  user namespace than the one it was copied from is locked to what lies under it, so nothing
-  the candidate does uncovers /jobs or the host's /proc.
-
-The host's /proc, not bubblewrap's own: a new /proc can only be mounted in a user namespace
-where a /proc is already fully visible, and bubblewrap's, with /proc/sys covered, is not.
-
-Without bubblewrap (``KE_ISOLATE`` unset) the same forks happen with no namespaces: the
-children run with the host's view, as the agent sandbox has already warned.
+It must never initialise CUDA (a process forked after that cannot use the device: it checks, and
+refuses to serve) nor run a task's or a candidate's code. A request on the socket ``KE_ZYGOTE_FD``
+names is a JSON header and the child's descriptors. Two forks serve it: the warden (``_warden``),
+which the host puts into the child's cgroup and which then makes the child's namespaces and mounts,
+and the child (``_run_child``), pid 1 of the new pid namespace, which mounts its /proc, drops every
+capability and runs ``runner.main``. Without bubblewrap (``KE_ISOLATE`` unset) the same forks
+happen with no namespaces. What a child sees, and why the host's /proc: docs/security.md, The
+evaluation children; docs/design.md, A job's steps.
 """
 
 from __future__ import annotations
@@ -250,7 +231,9 @@ def _run_child(req: dict, fds: dict[str, int], isolated: bool) -> None:
 
 
 def _warden(server: socket.socket, req: dict, fds: dict[str, int], isolated: bool) -> None:
-    """Serve one request (see the module's docstring); never returns."""
+    """Serve one request: announce this process on the control socket, wait for "go" (the host has put
+    it into the child's cgroup), enter the child's namespaces, fork the child, report it, wait for it
+    and report how it ended; never returns."""
     server.close()  # the zygote's socket never reaches a child: with it one could ask for another job's files
     control = socket.socket(fileno=fds.pop("control"))
     try:
@@ -334,6 +317,9 @@ def _ready_triton_driver() -> None:
 
 
 def serve() -> None:
+    """Serve requests until the host closes its end of the socket (``KE_ZYGOTE_FD``; ``KE_ISOLATE``
+    and ``KE_GPU`` say whether to isolate children and ready Triton's CUDA driver). Answers "ready",
+    or "error ..." and raises where no child could be served (no namespaces here, CUDA initialised)."""
     server = socket.socket(fileno=int(os.environ.pop("KE_ZYGOTE_FD")))
     isolated = os.environ.pop("KE_ISOLATE", "") == "1"
     gpu = os.environ.pop("KE_GPU", "") == "1"

@@ -1,32 +1,21 @@
-"""The ``kernel-env`` command line. It renders what the library computes, for people (rich) and
-for machines (``--json``), and decides nothing the library does not: each module below parses
-its options, calls the library and renders the result.
+"""The ``kernel-env`` command line (``app``). It renders what the library computes, for people
+(rich) and for machines (``--json``), and decides nothing the library does not: each module below
+parses its options, calls the library and renders the result. A command's help is its function's
+docstring (a group's, its Typer's ``help``; ``kernel-env``'s, ``app``'s): this one is no one's.
 
-    tasks SOURCE          list a task source; --check runs each task once in the probe   tasks.py
-    baseline SOURCE       measure and cache eager / torch.compile times                  tasks.py
-    headers [LANGUAGE]    precompile torch's headers for workspace builds                 tasks.py
-    doctor                what this machine has and what that means for kernel_env       doctor.py
-    run-task TASK         a shell in the task's sandboxed workspace, or --solution DIR    run_task.py
-    image build KIND      the docker sandbox's and GPU workers' images                    image.py
-    synth                 synthesise a task set (subcommands: seeds, stats, decontam)     synth.py
-    generate              refine-loop traces (SFT data) from a model server               generate.py
-    eval SOURCE           a tool-calling model as a KernelAgent-v0 agent over a task set  eval.py
-    report RUN            an eval run's metrics again, from its run file                  eval.py
-    export RUN            an eval run's trajectories for rejection fine-tuning (filtered)   eval.py
-    openhands TASK        an OpenHands agent on one task, in its sandbox                  openhands.py
-    serve                 KernelAgent-v0 or KernelRefine-v0 as an OpenEnv server          serve.py
+    tasks.py      tasks, baseline, headers       eval.py       eval, report, export
+    doctor.py     doctor                         generate.py   generate
+    run_task.py   run-task                       openhands.py  openhands
+    image.py      image build                    serve.py      serve
+    synth.py      synth (and seeds, stats, decontam)
 
-Shared: ``common.py`` (exit codes, the consoles that wrap only on a terminal, ``fail``, JSON,
-the phases of long jobs, the command classes every command is made with, Ctrl-C for async runs),
-``options.py`` (every option more than one command takes), ``sources.py`` (loading and
-filtering a task source). Exit codes mean the same everywhere:
-
-    0    ok
-    1    the task failed (a malformed task, a solution that does not build or is wrong)
-    2    usage or environment error (bad arguments, no terminal, a missing tool)
-    130  interrupted (generate, eval, synth: what finished is kept; rerun to resume)
-
-Progress and errors go to stderr, results to stdout, so ``--json`` output can be piped.
+Shared: ``common.py`` (exit codes, the consoles, ``fail``, JSON, progress, the command classes),
+``options.py`` (the options several commands take), ``sources.py`` (loading and filtering a task
+source). Exit codes mean the same everywhere: 0 ok; 1 the work failed, all or in part (a malformed
+task, a solution that does not build or is wrong, episodes or samples that ended in error, too few
+tasks); 2 a usage or environment error, or an evaluator's fault; 130 interrupted (generate, eval,
+synth keep what finished: rerun to resume). Progress and errors go to stderr, results to stdout,
+so ``--json`` output can be piped.
 """
 
 from __future__ import annotations
@@ -65,7 +54,7 @@ def _main(version: bool = typer.Option(False, "--version", help="Print the versi
     pass
 
 
-# In the order `kernel-env --help` lists them.
+# In the order `kernel-env --help` lists them (typer lists the groups, image and synth, after the commands).
 app.command("tasks", cls=Command)(tasks.tasks)
 app.command("baseline", cls=Command)(tasks.baseline)
 app.command("headers", cls=Command)(tasks.headers)

@@ -5,7 +5,7 @@ Each plug-in is an optional extra with its own module, imported only when asked 
 - ``kernel_env.integrations.openhands`` (``pip install 'kernel_env[openhands]'``): an OpenHands
   agent works on a task in kernel_env's sandbox; see docs/openhands.md.
 - ``kernel_env.integrations.openenv`` (``kernel_env[serve]``): ``kernel-env serve``, KernelAgent-v0
-  and KernelRefine-v0 as an OpenEnv server for trainers that speak its protocol (TRL, verl, ...);
+  and KernelRefine-v0 as an OpenEnv server for trainers that speak its protocol (verl, torchforge, ...);
   ``kernel_env.integrations.openenv_client``: its typed client (``KernelEnvClient``) and the action,
   observation and state types both sides use (openenv-core and pydantic only; no torch).
 - ``kernel_env.integrations.verifiers`` (``kernel_env[verifiers]``): a verifiers environment

@@ -1,66 +1,18 @@
-"""kernel_env as an OpenEnv environment server (``kernel-env serve``): KernelAgent-v0 or
-KernelRefine-v0 behind openenv-core's protocol, so that a trainer's OpenEnv client drives
-episodes over the network while this process keeps the sandboxes and the evaluation pool.
+"""``kernel-env serve``: KernelAgent-v0 or KernelRefine-v0 behind openenv-core's protocol, so that a
+trainer's OpenEnv client drives episodes over the network while this process keeps the sandboxes
+and the evaluation pool. docs/trainers.md ("kernel-env serve") is the reference: the protocol, the
+error codes, the limits, the drain. The wire types are ``openenv_client``'s, shared with the client.
 
-::
+- ``KernelEnvServer``: the app (openenv-core's routes, a ``/health`` that says more); ``run`` serves
+  it on a socket from ``listen`` until SIGTERM or SIGINT, then drains (a ``DrainReport``).
+- ``KernelEnvironment``: openenv-core's ``Environment`` over one environment instance, per session.
+- ``Sessions``: idle timeouts, refusals while draining (``Refused``), the resets and steps in flight.
+- ``app``: a server with the defaults, for ``uvicorn kernel_env.integrations.openenv:app``
+  (openenv.yaml's ``app``), without the drain.
 
-    server = KernelEnvServer("agent", task="example/relu_add", language="cpp", device="cpu")
-    server.run(listen("127.0.0.1", 8000), on_listening=print)   # until SIGTERM or SIGINT, then drains
-
-    # the trainer's side: the typed client (kernel_env.integrations.openenv_client), or any OpenEnv client
-    async with KernelEnvClient(base_url="http://127.0.0.1:8000") as env:
-        result = await env.reset(task="example/relu_add")
-        result = await env.step(KernelAgentAction(tool_calls=[{"name": "Finish", "arguments": {}}]))
-        result.reward, result.done, result.observation.info["final"]
-
-The protocol is openenv-core's (``HTTPEnvServer``): a WebSocket session at ``/ws`` per client
-(``reset``, ``step``, ``state``, ``close`` messages), each with an environment of its own; the
-stateless HTTP ``/reset``, ``/step`` and ``/state`` (each request on a fresh environment, as
-openenv-core defines them: an episode needs the WebSocket session), ``/schema`` and
-``/metadata``. What runs behind a session is the environment itself (``KernelAgentEnv`` or
-``KernelRefineEnv``), never a copy: the same tools and schemas, the same trusted final
-evaluation, the same rewards. Every session's episodes submit to the one pool of this process,
-as in-process episodes do (one pool per machine, not per session).
-
-The types are ``kernel_env.integrations.openenv_client``'s, which the client imports too:
-``KernelAgentAction`` / ``KernelRefineAction`` (one step of each environment, carrying what its
-``step`` takes), ``KernelEnvObservation`` (the environment's text, ``terminated`` / ``truncated``
-and its ``info`` whole, with OpenEnv's ``reward`` and ``done``), ``KernelEnvState``.
-
-- ``KernelEnvironment``: openenv-core's ``Environment`` over one environment instance.
-- ``Sessions``: what the server adds to openenv-core's sessions: idle timeouts, refusing new work
-  while draining, and the count of resets and steps in flight.
-- ``KernelEnvServer``: the app (openenv-core's routes, and a ``/health`` that says more), served by
-  uvicorn until SIGTERM or SIGINT, then drained; ``app`` (this module's) is one with the defaults,
-  for ``uvicorn kernel_env.integrations.openenv:app`` (openenv.yaml's ``app``), without the drain.
-
-Limits. openenv-core refuses a session over ``max_sessions`` with its ``CAPACITY_REACHED`` error,
-which the client reads as the answer to its first message (``_WebSocketSessions``).
-An episode whose session sent nothing for ``idle_timeout_s`` (no reset or step running) is
-closed, its sandbox and workspace freed; the session's next step is refused (SESSION_IDLE_TIMEOUT),
-and a reset starts a new episode. openenv-core's own idle reaper is not used: it
-measures idleness from the end of the last answer, so it would close a session whose one step ran
-longer than the timeout (a final evaluation waiting for a busy pool).
-
-Errors and dropped clients (``_WebSocketSessions``). openenv-core answers whatever a reset or step
-raises as EXECUTION_ERROR; the server's refusals (``Refused``) are answered with their own code
-(``ErrorCode``: SESSION_IDLE_TIMEOUT, SERVER_DRAINING). A client gone without closing its session
-(killed, its connection lost) is one warning naming the session; the answer a step had for it is
-dropped and the session's episode closed. openenv-core would try to send that answer's error twice
-more, and uvicorn log the exception that escapes: 86 lines for each dropped client.
-
-The pool: this process's shared pool of its kind (``pool``), or a local pool on ``devices`` (cuda:1,
-cuda:2: keep the evaluations off the trainer's GPUs).
-
-Drain (``run`` on SIGTERM or SIGINT): new resets and steps are refused (``/health`` answers 503
-"draining"); steps in flight run on for up to ``drain_grace_s`` and are answered; then the pool is
-closed (an evaluation still queued is answered as the evaluator's fault), uvicorn closes every
-connection (WebSocket code 1012) and each session's episode is closed as its last step returns:
-a command still running is not interrupted but ends at its own timeout. ``run`` returns once
-every episode is closed.
-
-The server trusts its clients: a reset may name any task the server can resolve (an example, a
-KernelBench id, a task file on the server). Bind it to a private network.
+Behind a session runs the environment itself, never a copy, and every session submits to the one
+pool of this process. The server trusts its clients (a reset may name any task file on the
+server): bind it to a private network.
 
 Why one module of this length: the environments, the sessions, the WebSocket middleware and the
 drain act on one another's state (an environment's lock and refusal, the drain's flag, a
@@ -157,8 +109,20 @@ class KernelEnvironment(Environment):
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, task: str | None = None,
               **options: Any) -> KernelEnvObservation:
-        """Close the session's episode, if any, and open one; ``task`` names its task (a spec the
-        server resolves; default: the server's task)."""
+        """Close the session's episode, if any, and open one (a reset message's ``data``).
+
+        Args:
+            seed: the environment's reset seed.
+            episode_id: the id ``state`` reports (default: a fresh one).
+            task: a task spec the server resolves (default: the server's ``--task``).
+
+        Returns:
+            The prompt as ``text``, the environment's reset info (the tools' schemas, ...) as ``info``.
+
+        Raises:
+            ValueError: an unknown option, or no task here nor on the server.
+            Refused: the server is draining.
+            And what the environment's ``reset`` raises (TaskError, EpisodeError, SandboxError)."""
         if options:
             raise ValueError(f"unknown reset option(s): {', '.join(sorted(options))} (known: seed, episode_id, task)")
         if task is None and self.env.task is None:
@@ -170,8 +134,19 @@ class KernelEnvironment(Environment):
         return KernelEnvObservation(text=text, info=info)
 
     def step(self, action: Action, timeout_s: float | None = None, **_: Any) -> KernelEnvObservation:
-        """One step of the episode. ``timeout_s`` (an HTTP request's) is not used: every tool call
-        has its own timeout."""
+        """One step of the episode, or its end for the trainer's budget (``truncate``).
+
+        Args:
+            action: a ``KernelAgentAction`` or ``KernelRefineAction``, as ``ENVIRONMENTS`` names.
+            timeout_s: an HTTP request's; not used: every tool call has its own timeout.
+
+        Returns:
+            The step's text, ``terminated`` / ``truncated``, the whole ``info``, and OpenEnv's
+            ``reward`` and ``done`` (terminated or truncated).
+
+        Raises:
+            Refused: the idle timeout closed the episode (SESSION_IDLE_TIMEOUT), or the server is
+                draining (SERVER_DRAINING)."""
         with self._turn():
             if self.expired_after is not None:
                 raise Refused(ErrorCode.SESSION_IDLE_TIMEOUT,
@@ -250,7 +225,10 @@ class Sessions:
     """The server's environments (one per OpenEnv session, and the short-lived ones of stateless
     HTTP requests): the work in flight, idle timeouts and the drain.
 
-    ``idle_timeout_s``: an episode with no reset or step for this long is closed (None: never)."""
+    ``idle_timeout_s``: an episode with no reset or step for this long is closed (None: never).
+    Idleness is counted from the end of the last reset or step and never during one, which is why
+    openenv-core's own reaper is not used: it counts from the end of the last answer, so it would
+    close a session whose one step outlasted the timeout (a final evaluation waiting for a busy pool)."""
 
     def __init__(self, idle_timeout_s: float | None):
         self.idle_timeout_s = idle_timeout_s
@@ -323,7 +301,17 @@ class Sessions:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (port 0: a free one) for ``KernelEnvServer.run``. Raises OSError."""
+    """A socket to serve on, for ``KernelEnvServer.run``.
+
+    Args:
+        host: the address to bind (a name or an IPv4 / IPv6 address).
+        port: the port; 0 takes a free one (``getsockname`` says which).
+
+    Returns:
+        A bound stream socket (SO_REUSEADDR), not yet listening.
+
+    Raises:
+        OSError: the address cannot be resolved or bound."""
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                          flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
@@ -458,24 +446,43 @@ async def _refused(request: Request, exc: Refused) -> JSONResponse:
 
 
 def check_pool_devices(devices: list[str], device: str) -> None:
-    """Raise ValueError unless one of ``devices`` is of the kind the episodes evaluate on (``device``:
-    cuda or cpu); ``LocalPool`` refuses devices the machine lacks or names twice."""
+    """Check that a local pool on ``devices`` can evaluate the episodes (on ``device``: cuda or cpu).
+
+    Args:
+        devices: the pool's devices (``cpu``, ``cuda:N``).
+        device: the kind the episodes evaluate on.
+
+    Raises:
+        ValueError: none of ``devices`` is of that kind. ``LocalPool`` itself refuses devices the
+            machine lacks or names twice."""
     if not any(name.partition(":")[0] == device for name in devices):
         raise ValueError(f"--devices {','.join(devices)}: the episodes evaluate on {device}, and none of these is "
                          f"{'a cuda device' if device == 'cuda' else 'cpu'}")
 
 
 class KernelEnvServer:
-    """KernelAgent-v0 (``env="agent"``) or KernelRefine-v0 (``"refine"``) as an OpenEnv server.
+    """KernelAgent-v0 or KernelRefine-v0 as an OpenEnv server (``kernel-env serve`` makes one)::
 
-    ``max_sessions``: WebSocket sessions at once (openenv-core refuses one more);
-    ``idle_timeout_s``: an episode with no reset or step for this long is closed (None: never);
-    ``drain_grace_s``: how long a drain lets steps in flight run on; ``pool``: the kind of this
-    process's shared pool ("local", "ray"), every session's; ``devices``: instead, a local pool of
-    its own on these devices (``check_pool_devices``); ``env_options``: the environment's
-    keyword arguments (task, language, device, sandbox, max_turns, settings, ...), checked here:
-    raises what the environment raises for a bad one (ValueError, TaskError), EpisodeError for a
-    language the device cannot run, ValueError for bad devices or devices with a Ray pool."""
+        server = KernelEnvServer("agent", task="example/relu_add", language="cpp", device="cpu")
+        report = server.run(listen("127.0.0.1", 8000), on_listening=print)   # until SIGTERM or SIGINT
+
+    Args:
+        env: "agent" (KernelAgent-v0) or "refine" (KernelRefine-v0).
+        max_sessions: WebSocket sessions at once; openenv-core refuses one more (CAPACITY_REACHED).
+        idle_timeout_s: an episode with no reset or step for this long is closed (None: never).
+        drain_grace_s: how long a drain lets the steps in flight run on and be answered.
+        pool: the kind of this process's shared pool ("local", "ray"), every session's.
+        devices: instead, a local pool of the server's own on these devices (``cuda:1``,
+            ``cuda:2``: keep the evaluations off the trainer's GPUs); only with ``pool="local"``.
+        **env_options: the environment's keyword arguments (task, language, device, sandbox,
+            max_turns, settings, ...), checked here rather than in every session.
+
+    Raises:
+        ValueError: an unknown ``env``; ``devices`` with a Ray pool, or devices this machine lacks,
+            names twice or that hold none of the episodes' kind.
+        EpisodeError: a language the device cannot run.
+        And what the environment raises for a bad option (ValueError; TaskError for a ``task``
+        that names no task)."""
 
     def __init__(self, env: str = "agent", *, max_sessions: int = 64, idle_timeout_s: float | None = 1800.0,
                  drain_grace_s: float = 60.0, pool: str = DEFAULT_POOL, devices: list[str] | None = None,
@@ -524,8 +531,20 @@ class KernelEnvServer:
         return JSONResponse(body, status_code=503 if status["draining"] else 200)
 
     def run(self, sock: socket.socket, *, on_listening: Callable[[str], None] = lambda url: None) -> DrainReport:
-        """Serve on ``sock`` (``listen``) until SIGTERM or SIGINT, then drain (the module docstring
-        says how); ``on_listening`` gets the address once connections are accepted."""
+        """Serve until SIGTERM or SIGINT, then drain: refuse new resets and steps (``/health``
+        answers 503), let the steps in flight run on for ``drain_grace_s``, close the pool (what
+        still waits for an evaluation is answered as the evaluator's fault), close every connection
+        (WebSocket code 1012), and close each episode as its last step returns.
+
+        Args:
+            sock: a bound socket (``listen``).
+            on_listening: called with the server's URL once connections are accepted.
+
+        Returns:
+            How the drain went, once every episode is closed.
+
+        Raises:
+            RuntimeError: the HTTP server did not start (uvicorn's log says why)."""
         return asyncio.run(self._serve(sock, on_listening))
 
     async def _serve(self, sock: socket.socket, on_listening: Callable[[str], None]) -> DrainReport:

@@ -1,29 +1,18 @@
 """The typed client of ``kernel-env serve`` (``kernel_env.integrations.openenv``), in the shape of
-OpenEnv's own environments (their ``models.py`` and ``client.py``): the actions, the observation
-and the state, which the server validates and answers with, and ``KernelEnvClient``, openenv-core's
-``EnvClient`` over them. The repository's ``openenv.yaml`` names them.
-
-::
-
-    async with KernelEnvClient(base_url="http://gpu-node-3:8000") as env:
-        result = await env.reset(task="example/relu_add")
-        tools = result.observation.info["tools"]       # OpenAI function schemas, as in-process
-        result = await env.step(KernelAgentAction(tool_calls=[{"name": "Finish", "arguments": {}}]))
-        result.reward, result.done, result.observation.info["final"]
-
-    with KernelEnvClient(base_url="http://gpu-node-3:8000").sync() as env:   # the same calls, without await
-        result = env.reset(task="example/relu_add")
+OpenEnv's own environments (their ``models.py`` and ``client.py``). The server validates and answers
+with these same classes, and the repository's ``openenv.yaml`` names them; docs/trainers.md ("A
+trainer's client") shows a rollout with them.
 
 - ``KernelAgentAction``: a KernelAgent-v0 step (tool calls, or ``truncate``);
   ``KernelRefineAction``: a KernelRefine-v0 step (a completion).
 - ``KernelEnvObservation``: what a reset or step answers, both environments'.
 - ``KernelEnvState``: a session's environment (``await env.state()``).
+- ``KernelEnvClient``: openenv-core's ``EnvClient`` over them (``sync()`` for calls without await).
 - ``ServerError``: an answer of type "error", with its ``code``; ``ErrorCode``: the codes the
   server adds to openenv-core's.
 
-This module imports openenv-core (its client and its Action, Observation and State) and pydantic,
-nothing of kernel_env, so a rollout worker with only openenv-core can load this one file. The
-``kernel_env`` package itself imports gymnasium when imported, which such a worker may not have.
+This module imports openenv-core and pydantic, never kernel_env (nor torch): a rollout worker
+with only openenv-core can copy this one file and import it.
 """
 
 from __future__ import annotations
@@ -112,9 +101,15 @@ class KernelEnvClient(EnvClient[KernelAgentAction | KernelRefineAction, KernelEn
     """openenv-core's ``EnvClient`` for ``kernel-env serve``: one WebSocket session, its episodes.
 
     ``reset(task=..., seed=..., episode_id=...)`` (every argument optional), ``step(action)``,
-    ``state()``, ``close()``; ``sync()`` for the same without await. ``message_timeout_s`` is 900 s
-    by default, not openenv-core's 60: a Finish step rebuilds and runs the final evaluation, which
-    waits for the server's pool."""
+    ``state()``, ``close()``; ``sync()`` for the same without await. Each returns openenv-core's
+    ``StepResult`` (``observation``, ``reward``, ``done``), or ``state()`` a ``KernelEnvState``;
+    an error answer raises ``ServerError``.
+
+    Args:
+        base_url: the server's address (``http://host:8000``; the session is its ``/ws``).
+        message_timeout_s: how long to wait for an answer. 900 s, not openenv-core's 60: a Finish
+            step rebuilds and runs the final evaluation, which waits for the server's pool.
+        **options: openenv-core's ``EnvClient`` options (``connect_timeout_s``, ``max_message_size_mb``, ...)."""
 
     def __init__(self, base_url: str, *, message_timeout_s: float = 900.0, **options: Any):
         super().__init__(base_url, message_timeout_s=message_timeout_s, **options)

@@ -1,48 +1,23 @@
-"""kernel_env as an OpenHands plug-in: an OpenHands agent works on a kernel task in kernel_env's
-sandbox, and the episode ends with KernelAgent-v0's trusted final evaluation, so the reward is the same.
+"""kernel_env as an OpenHands plug-in: an OpenHands agent works on a kernel task with kernel_env's
+tools in kernel_env's sandbox, and the episode ends with KernelAgent-v0's trusted final evaluation,
+so the reward is the same. docs/openhands.md shows its use and says why this design.
 
-::
+- ``run_openhands``: one whole run (agent, conversation, final evaluation) -> ``OpenHandsRun``.
+- ``KernelWorkspace``: an OpenHands ``LocalWorkspace`` that *is* one ``Episode``; its commands and
+  file transfers run in the episode's sandbox, ``final_evaluation`` is the episode's.
+- ``KERNEL_TOOLS``: kernel_env's tools but Finish (``KERNEL_TOOL_NAMES``) as OpenHands tools
+  (``KernelTool`` subclasses, registered under their class names: ``Tool(name="KernelBashTool")``).
+- ``kernel_agent``: an OpenHands ``Agent`` with those tools and ``kernel_skill``, the language's SKILL.md.
 
-    from openhands.sdk import LLM
-    from kernel_env.integrations.openhands import run_openhands
+Never run anything the agent asks for on the host. ``kernel_agent`` offers only kernel_env's tools
+and OpenHands' built-in finish, think and invoke_skill (which touch nothing but the conversation)
+and filters out any other tool; OpenHands' own terminal and file-editor tools run on the host.
 
-    llm = LLM(model="openai/my-model", base_url="http://localhost:8000/v1", api_key="EMPTY")
-    run = run_openhands("example/relu_add", llm, language="cpp", device="cpu")
-    run.reward, run.final.summary(), run.ended, run.events
+Importing this module sets ``LITELLM_LOCAL_MODEL_COST_MAP=True`` and ``OPENHANDS_SUPPRESS_BANNER=1``
+unless they are set (else litellm downloads a price list from GitHub on import).
 
-or, written the way an OpenHands program is::
-
-    with KernelWorkspace.open("example/relu_add", language="cpp", device="cpu") as workspace:
-        conversation = Conversation(agent=kernel_agent(llm, workspace.language), workspace=workspace)
-        conversation.send_message(workspace.task_prompt())
-        conversation.run()
-        final = workspace.final_evaluation()
-
-The pieces (docs/openhands.md says why this design):
-
-- ``KernelWorkspace``: an OpenHands ``LocalWorkspace`` that *is* one ``kernel_env.runtime.episode.Episode``
-  (workspace, sandbox, broker on the shared pool). Its ``execute_command`` and file transfers run
-  in the episode's sandbox; ``final_evaluation`` is ``Episode.final_evaluation``.
-- ``KERNEL_TOOLS``: kernel_env's tools (Bash, Read, Write, Edit, MultiEdit, Glob, Grep, TodoWrite,
-  BashOutput, KillBash, NotebookEdit) as OpenHands tools: a ``ToolDefinition`` each, whose Action
-  is generated from the tool's own argument model and whose executor runs the call through the
-  episode's ``ToolBox``, in the sandbox. They are registered with OpenHands' tool registry under
-  their class names (``KernelBashTool``, ...), so ``Tool(name="KernelBashTool")`` works.
-- ``kernel_skill``: the language's SKILL.md loaded as an OpenHands (AgentSkills) skill.
-- OpenHands' built-in ``finish`` ends the conversation, as kernel_env's ``Finish`` ends a
-  KernelAgent-v0 episode; ``run_openhands`` then runs the final evaluation, as it also does when
-  the conversation stops for any other reason (iteration limit, stuck, an LLM error), as
-  KernelAgent-v0 does at its turn limit.
-
-Never: run anything the agent asks for on the host. ``kernel_agent`` offers only kernel_env's
-tools and OpenHands' built-in finish, think and invoke_skill (which touch nothing but the
-conversation), and filters out any other tool (MCP tools from ambient plugins included).
-OpenHands' own terminal and file-editor tools run in the conversation's process, on the host: do
-not add them to an agent working in a KernelWorkspace.
-
-Importing this module sets two environment defaults (an explicit setting wins):
-``LITELLM_LOCAL_MODEL_COST_MAP=True`` (else litellm downloads a price list from GitHub on import,
-retrying for seconds where there is no network) and ``OPENHANDS_SUPPRESS_BANNER=1``.
+Why one module of this length: it is one plug-in; importing it registers the tools, each tool binds
+to the conversation's KernelWorkspace, and the agent offers exactly these tools.
 """
 
 from __future__ import annotations
@@ -140,9 +115,22 @@ class KernelWorkspace(LocalWorkspace):
              max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS, kernelbench_root: str | None = None) -> KernelWorkspace:
         """Open an episode the way KernelAgent-v0's ``reset`` does (same defaults) and wrap it.
 
-        ``task`` is a Task or a spec for ``resolve_task``; ``pool`` a GpuPool or a pool kind for
-        this process's shared pool of that kind (default: the shared local pool). Raises what
-        ``Episode.open`` raises (EpisodeError, SandboxError, TaskError)."""
+        Args:
+            task: a Task, or a spec for ``resolve_task``.
+            language, device, sandbox, settings: the episode's, as ``Episode.open`` takes them.
+            pool: a GpuPool, or a pool kind for this process's shared pool of that kind
+                (default: the shared local pool).
+            max_output_chars: cap on each tool result's text.
+            kernelbench_root: the KernelBench checkout for ``kernelbench/...`` specs.
+
+        Returns:
+            The workspace, owning the open episode: use it in a ``with`` block, or ``close`` it.
+
+        Raises:
+            TaskError: ``task`` names no task.
+            ValueError: an unknown language.
+            EpisodeError: a language and device that cannot run here.
+            SandboxError: the sandbox cannot be made or started here."""
         task = task if isinstance(task, Task) else resolve_task(task, kernelbench_root=kernelbench_root)
         episode = Episode.open(task, language=language, device=device, sandbox=sandbox,
                                pool=shared_pool(pool) if isinstance(pool, str) else pool, settings=settings)
@@ -349,7 +337,17 @@ def kernel_skill(language: str) -> Skill:
 
     Its ``source`` is dropped: OpenHands would tell the agent the skill's files are next to the
     package's copy on the host, which the agent cannot see; its own copy is SKILL.md in the
-    workspace. A skill with inline ``!`command``` text is refused (OpenHands would run it on the host)."""
+    workspace.
+
+    Args:
+        language: cuda, triton or cpp.
+
+    Returns:
+        The skill, for an ``AgentContext``'s ``skills``.
+
+    Raises:
+        OpenHandsError: the SKILL.md holds inline ``!`command``` text, which OpenHands would run
+            on the host."""
     skill = Skill.load(skill_file(language))
     if _INLINE_COMMAND.search(skill.content):
         raise OpenHandsError(f"{skill_file(language)} contains an inline !`command`, which OpenHands would run on "
@@ -359,9 +357,22 @@ def kernel_skill(language: str) -> Skill:
 
 
 def kernel_agent(llm: LLM, language: str, *, tools: Iterable[str] | None = None, **options: Any) -> Agent:
-    """An OpenHands Agent with kernel_env's tools (default: all of KERNEL_TOOL_NAMES) and the
-    language's skill. ``options`` go to ``Agent`` (condenser, system_prompt_kwargs, ...); tools
-    other than these and OpenHands' built-ins are filtered out."""
+    """An OpenHands Agent with kernel_env's tools and the language's skill; tools other than these
+    and OpenHands' built-ins are filtered out.
+
+    Args:
+        llm: the model.
+        language: the workspace's language (``KernelWorkspace.language``): which skill to load.
+        tools: kernel_env tool names (default: all of ``KERNEL_TOOL_NAMES``).
+        **options: ``Agent``'s (condenser, system_prompt_kwargs, ...); an ``agent_context`` is
+            kept, with the skill added.
+
+    Returns:
+        The agent, for ``Conversation(agent=..., workspace=a KernelWorkspace)``.
+
+    Raises:
+        ValueError: a tool name that is not in ``KERNEL_TOOL_NAMES``.
+        OpenHandsError: as ``kernel_skill``."""
     names = KERNEL_TOOL_NAMES if tools is None else tuple(tools)
     unknown = [name for name in names if name not in KERNEL_TOOLS]
     if unknown:
@@ -427,8 +438,27 @@ def run_openhands(task: Task | str, llm: LLM, *, language: str | None = None, de
 
     The defaults are KernelAgent-v0's (150 steps, ``selection="best"``, the milestone reward). The
     conversation ending in an error (the LLM failing, say) still ends the episode with a final
-    evaluation of what is in the workspace; ``ended`` says so. ``output``: a directory to write
-    the run to (``OpenHandsRun.write``). ``visualize``: OpenHands' console rendering of each event."""
+    evaluation of what is in the workspace; ``ended`` says so.
+
+    Args:
+        task, language, device, sandbox, pool, settings, kernelbench_root: the episode's, as
+            ``KernelWorkspace.open`` takes them.
+        llm: the model.
+        max_iterations: the agent's steps (OpenHands' ``max_iteration_per_run``).
+        selection: which solution the final evaluation counts: "best" or "final".
+        reward_kind: what the final evaluation pays: "milestone" or "speedup" (``paid_reward``).
+        tools: kernel_env tool names offered (default: all of ``KERNEL_TOOL_NAMES``).
+        output: a directory to write the run to (``OpenHandsRun.write``).
+        visualize: OpenHands' console rendering of each event.
+        callbacks: OpenHands' conversation callbacks, each called with every event.
+        **agent_options: ``kernel_agent``'s options (``Agent``'s).
+
+    Returns:
+        The run: how it ended, the final evaluation, the reward and the conversation.
+
+    Raises:
+        ValueError: ``max_iterations`` below 1, an unknown reward kind, language or tool name.
+        And what ``KernelWorkspace.open`` raises (TaskError, EpisodeError, SandboxError)."""
     if max_iterations < 1:
         raise ValueError(f"max_iterations must be at least 1, got {max_iterations}")
     RewardKind(reward_kind)  # an unknown kind fails here, before the episode starts

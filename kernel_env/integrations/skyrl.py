@@ -1,39 +1,19 @@
 """kernel_env as a skyrl-gym environment, the shape SkyRL trains on: ``kernel_agent`` is one
 KernelAgent-v0 episode behind skyrl-gym's text-in / text-out ``BaseTextEnv``, rewarded by the
-trusted final evaluation. Importing this module registers it with skyrl-gym::
+trusted final evaluation. Importing this module registers it with skyrl-gym, per process: SkyRL
+must import it where its generator makes the environments. docs/trainers.md ("SkyRL") shows its
+use, how it maps and what SkyRL's generator cannot carry.
 
-    import skyrl_gym
-    import kernel_env.integrations.skyrl as kernel_skyrl
+- ``dataset_rows``: SkyRL's data set, a row per task holding its record; ``ENV_ID``: ``kernel_agent``.
+- ``KernelAgentTextEnv``: the environment; ``step`` is one KernelAgent-v0 step with all the
+  reply's calls, paid what the episode paid at it.
+- ``tool_prompt``: the system message that lists the tools; ``tool_calls``: the calls of a reply.
 
-    rows = kernel_skyrl.dataset_rows(kernel_env.load_tasks("examples"))  # SkyRL's data set (save as Parquet)
-    env = skyrl_gym.make("kernel_agent", env_config={"language": "cpp", "device": "cpu"}, extras=rows[0])
-    prompt, _ = env.init(rows[0]["prompt"])
-    out = env.step('<tool_call>{"name": "Read", "arguments": {"file_path": "model.py"}}</tool_call>')
-
-In SkyRL: ``environment.env_class=kernel_agent``, KernelAgentEnv's options under
-``environment.skyrl_gym.kernel_agent`` (language, device, sandbox, pool, selection, reward_kind,
-settings, ...), and this module imported where the generator makes its environments.
-
-Why KernelAgent-v0 and not KernelRefine-v0: the refine loop's text shape (a completion in, feedback
-out) fits ``BaseTextEnv`` with no parsing at all, but it is the loop that makes SFT data; the
-environment an agent is trained in is KernelAgent-v0's, tools in a sandbox. SkyRL hands ``step``
-the model's decoded text, so the tool calls are read from it: every ``<tool_call>{"name": ...,
-"arguments": {...}}</tool_call>`` block after the reasoning (the Hermes format that Qwen2.5 / Qwen3
-chat templates render and vLLM's ``hermes`` parser reads). SkyRL renders the prompt without the
-tools, so the system message of ``dataset_rows`` describes them in that format.
-
-The mapping (docs/trainers.md says where SkyRL's generator cannot carry the rest):
-
-- A data-set row (``dataset_rows``) holds the task's record itself (``extras["task"]``), so the
-  training workers need no task files; ``init`` opens the episode and replaces the row's user
-  message with the episode's prompt.
-- ``step`` is one KernelAgent-v0 step with all the reply's calls; the observation is one user
-  message (a reply whose text is no call is answered with a nudge, as ``kernel-env eval`` does).
-  ``done`` is terminated or truncated; the step's reward is what the episode paid at it (the final
-  reward on the last step, or milestones as reached with ``shaping="milestones"``).
-- ``max_turns`` is SkyRL's generator's (``generator.max_turns``, which it puts in ``extras``).
-- ``get_metrics`` gives turns, invalid calls, correctness and ``evaluator_fault`` (1 when the final
-  evaluation failed by the evaluator's fault: the step then paid 0 and SkyRL cannot drop it).
+Why KernelAgent-v0 and not KernelRefine-v0 (whose text shape fits with no parsing): the refine
+loop makes SFT data; agents are trained with tools in a sandbox. SkyRL renders the prompt without
+``tools=`` and hands ``step`` the decoded reply, so the system message describes the tools and the
+calls are the ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks after the
+reasoning (the Hermes format Qwen2.5 / Qwen3 chat templates render and vLLM's ``hermes`` parser reads).
 """
 
 from __future__ import annotations
@@ -73,8 +53,17 @@ def tool_prompt(tools: Iterable[str] | None = None) -> str:
 
 
 def dataset_rows(tasks: Iterable[Task], *, tools: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """SkyRL's data set for ``tasks``: per task a prompt (``tool_prompt`` as the system message; the
-    user message is replaced by the episode's prompt at ``init``), ``env_class`` and the task's record."""
+    """SkyRL's data set for ``tasks`` (save it as Parquet: examples/train/skyrl/prepare_data.py).
+
+    Args:
+        tasks: the tasks, e.g. ``kernel_env.load_tasks("~/KernelBench")``.
+        tools: the tool names the system message lists (default: all); give the environments the
+            same ``tools`` option.
+
+    Returns:
+        One row per task: ``prompt`` (``tool_prompt`` as the system message, and a user message
+        that ``init`` replaces with the episode's prompt), ``env_class`` (``ENV_ID``) and
+        ``task``, the task's record (so the training workers need no task files)."""
     system = tool_prompt(tools)
     return [{"prompt": [{"role": "system", "content": system}, {"role": "user", "content": f"# Task {task.id}"}],
              "env_class": ENV_ID,
@@ -88,10 +77,21 @@ def tool_calls(text: str) -> list[str]:
 
 
 class KernelAgentTextEnv(BaseTextEnv):
-    """One KernelAgent-v0 episode as a skyrl-gym text environment (see the module docstring).
+    """One KernelAgent-v0 episode as a skyrl-gym text environment::
 
-    ``env_config``: KernelAgentEnv's options (a dict or SkyRL's DictConfig; ``settings`` as a
-    mapping); ``extras``: the data-set row (``task``) and SkyRL's ``max_turns``."""
+        rows = dataset_rows(kernel_env.load_tasks("examples"))
+        env = skyrl_gym.make("kernel_agent", env_config={"language": "cpp", "device": "cpu"}, extras=rows[0])
+        prompt, _ = env.init(rows[0]["prompt"])
+        out = env.step('<tool_call>{"name": "Read", "arguments": {"file_path": "model.py"}}</tool_call>')
+
+    Args:
+        env_config: KernelAgentEnv's options (a dict or SkyRL's DictConfig, from
+            ``environment.skyrl_gym.kernel_agent``; ``settings`` as a mapping).
+        extras: the data-set row (its ``task``) and the ``max_turns`` SkyRL's generator puts there
+            (``generator.max_turns``), which becomes the episode's.
+
+    Raises:
+        ValueError: the row has no ``task``; and what ``KernelAgentEnv`` raises for a bad option."""
 
     def __init__(self, env_config: Mapping[str, Any] | None = None, extras: Mapping[str, Any] | None = None):
         super().__init__()

@@ -1,40 +1,18 @@
-"""kernel_env as a ``verifiers`` environment, the shape prime-rl trains on: each rollout is one
-KernelAgent-v0 episode, its tools are kernel_env's tools run in the episode's sandbox, and its
-reward is the episode's: what the trusted final evaluation pays (``paid_reward``).
+"""kernel_env as a ``verifiers`` environment, the shape prime-rl trains on (as a classic, v0,
+environment: ``legacy.id = "kernel_env.integrations.verifiers"``) and ``vf-eval`` runs. Each rollout
+is one KernelAgent-v0 episode with kernel_env's tools in its sandbox, paid what the trusted final
+evaluation pays (``paid_reward``). docs/trainers.md ("prime-rl") shows its use and how each of
+verifiers' concepts maps.
 
-::
+- ``load_environment``: the environment over a task source, what ``vf.load_environment`` calls.
+- ``KernelEnv``: the ``vf.MultiTurnEnv`` (verifiers' classic API: 0.3 has it, 0.4 does not).
+- ``kernel_env_reward``, ``correct``, ``invalid_calls``: the rubric's reward and metrics.
 
-    import verifiers as vf
-
-    env = vf.load_environment("kernel_env.integrations.verifiers", tasks="examples", language="cpp", device="cpu")
-    client = vf.ClientConfig(api_base_url="http://localhost:8000/v1", api_key_var="VLLM_API_KEY")
-    results = env.evaluate_sync(client=client, model="my-model", num_examples=1, rollouts_per_example=4)
-
-prime-rl runs it as a classic (v0) environment, from the same id and arguments (its env source's
-``legacy.id = "kernel_env.integrations.verifiers"`` and ``legacy.args = {tasks = "...", ...}``), in
-an env server process of its own, as ``vf-eval`` does.
-
-How the environment maps onto verifiers' classic API (``vf.MultiTurnEnv``; verifiers 0.3 keeps it
-as ``import verifiers as vf``, 0.4 removed it, hence the extra's ``<0.4``):
-
-- The dataset has one row per task: ``info["task_id"]`` names it and the user message is replaced,
-  when the rollout starts, by the episode's own prompt (``reset``'s observation: model.py, SKILL.md,
-  the tools); the system prompt is ``kernel-env eval``'s. The tool definitions are kernel_env's
-  schemas, so the model calls them with the server's native tool calling.
-- A rollout opens its own ``KernelAgentEnv`` (``setup_state``); each assistant message is one
-  ``step`` with all its tool calls, answered by one ``tool`` message per call (a reply without a
-  tool call is stepped as text and answered, with a nudge, as a user message, as ``kernel-env eval``
-  does). Only the episode ends a rollout: ``Finish`` or its ``max_turns`` (verifiers' own turn limit
-  is off, since it would stop before the last reply's calls ran).
-- The reward is the sum of what the episode paid: the final reward (``shaping="milestones"`` pays
-  it in parts as milestones are reached; each payment is also put on the trajectory step whose
-  reply earned it). A rollout that verifiers stops for a budget (an overlong prompt, the
-  completion-token limit, its timeout) is truncated (``env.truncate``): the reset or step still
-  running is let finish, then the final evaluation runs and pays as at the turn limit.
-- A final evaluation that failed by the evaluator's fault sets the rollout's ``error`` (an
-  ``InfraError``): prime-rl reschedules errored rollouts instead of training on them, as
-  KernelAgent-v0 asks. So does a sandbox or pool failure, and a model call that failed
-  (verifiers' own ``error``), which ends the episode without a final evaluation.
+Only the episode ends a rollout (``Finish`` or its ``max_turns``): verifiers' own turn limit is off,
+since its check runs before ``env_response`` and the last reply's calls would never run. A rollout
+verifiers stops for a budget is truncated, so its final evaluation still runs and pays. An
+evaluator's fault, a sandbox or pool failure, sets the rollout's ``error`` (an ``InfraError``),
+which prime-rl reschedules rather than trains on.
 """
 
 from __future__ import annotations
@@ -65,12 +43,28 @@ T = TypeVar("T")
 def load_environment(tasks: str | Iterable[Task | str] = "examples", *, system_prompt: str = SYSTEM_PROMPT,
                      settings: EvalSettings | dict[str, Any] | None = None, kernelbench_root: str | None = None,
                      **options: Any) -> KernelEnv:
-    """The verifiers environment over ``tasks``: a source for ``load_tasks`` ("examples", a
-    KernelBench checkout, a record file or folder) or a list of Tasks and task specs.
+    """The verifiers environment over ``tasks``, one dataset row per task::
 
-    ``options`` go to every episode's ``KernelAgentEnv`` (language, device, sandbox,
-    sandbox_options, pool, max_turns, selection, shaping, reward_kind, tools, max_output_chars) and
-    are checked here; ``settings`` may be a dict (as a TOML config gives it)."""
+        env = vf.load_environment("kernel_env.integrations.verifiers", tasks="examples", language="cpp", device="cpu")
+
+    Args:
+        tasks: a source for ``load_tasks`` ("examples", a KernelBench checkout, a record file or
+            folder), or a list of Tasks and task specs (``resolve_task``'s).
+        system_prompt: the rollouts' system message (default: ``kernel-env eval``'s).
+        settings: the evaluation protocol, an ``EvalSettings`` or a dict of its fields (as a TOML
+            config gives it).
+        kernelbench_root: the KernelBench checkout for ``kernelbench/...`` specs.
+        **options: every episode's ``KernelAgentEnv`` options (language, device, sandbox,
+            sandbox_options, pool, max_turns, selection, shaping, reward_kind, tools,
+            max_output_chars), checked here rather than at the first rollout.
+
+    Returns:
+        The environment (``KernelEnv``).
+
+    Raises:
+        TaskError: a source or spec that names no task.
+        ValueError: no tasks; a bad option (what ``KernelAgentEnv`` raises) or settings value.
+        TypeError: an unknown option."""
     if isinstance(tasks, str):
         tasks = load_tasks(tasks)
     else:
@@ -99,7 +93,7 @@ def invalid_calls(state: vf.State) -> float:
 
 
 class KernelEnv(vf.MultiTurnEnv):
-    """KernelAgent-v0 episodes as verifiers rollouts (see the module docstring).
+    """KernelAgent-v0 episodes as verifiers rollouts (docs/trainers.md says how they map).
 
     ``tasks`` are the dataset's rows, in order; ``agent_options`` go to each episode's
     ``KernelAgentEnv`` and ``kwargs`` to ``vf.MultiTurnEnv`` (``timeout_seconds``, ``max_seq_len``, ...)."""

@@ -94,6 +94,10 @@ class _Evaluated:
 
 @dataclass
 class Episode:
+    """One task's workspace, its sandbox and its broker, opened with ``Episode.open``; every
+    trusted evaluation of the episode lands in ``results``, and ``final_evaluation`` gives the
+    episode's trusted result."""
+
     task: Task
     language: Language
     device: str
@@ -113,8 +117,29 @@ class Episode:
     def open(cls, task: Task, *, language: str | None = None, device: str | None = None, sandbox: str = DEFAULT_SANDBOX,
              pool: GpuPool | None = None, root: str | Path | None = None, settings: EvalSettings | None = None,
              sandbox_options: dict | None = None) -> Episode:
-        """Set up the task's workspace, sandbox and broker. ``language`` and ``device`` default by
-        ``language_and_device`` (the machine's); raises EpisodeError for a pair that cannot run here."""
+        """Set up the task's workspace, sandbox and broker, and start the sandbox.
+
+        Args:
+            task: the task.
+            language: cuda | cpp | triton; None: the one the device runs natively
+                (``language_and_device``: cuda on a GPU, cpp on the CPU).
+            device: where the trusted harness runs, cuda | cpu; None: cuda where a GPU is visible.
+            sandbox: the sandbox backend, "local" (bubblewrap) or "docker".
+            pool: where evaluations run; None: this process's shared local pool.
+            root: the folder the workspace is made in; None: ``$KERNEL_ENV_HOME/workspaces``.
+            settings: EvalSettings for every evaluation; the workspace's SKILL.md and
+                ``utils/verification.py`` state its trials, tolerance and margin. None: the protocol's.
+            sandbox_options: keyword arguments for the backend's constructor.
+
+        Returns:
+            The open episode; ``close()`` (or leaving a ``with`` block) ends it and removes the
+            workspace.
+
+        Raises:
+            ValueError: an unknown language.
+            EpisodeError: a language and device that cannot run here (the message says what to use).
+            SandboxError: the sandbox cannot be made or started; the broker and the workspace are
+                removed."""
         language, device = language_and_device(language, device)
         lang = get_language(language)
         check_device(lang, device)
@@ -224,10 +249,24 @@ class Episode:
 def run_solution(task: Task, solution: str | Path, *, language: str | None = None, device: str | None = None,
                  sandbox: str = DEFAULT_SANDBOX, pool: GpuPool | None = None, settings: EvalSettings | None = None,
                  mode: Mode = Mode.FINAL) -> tuple[ExecResult, EvalResult]:
-    """Copy a solution into a fresh workspace, build it in the sandbox, evaluate it: (build, result).
-    ``language`` and ``device`` follow the machine unless named (``language_and_device``). Its
-    phases are logged (INFO, ``kernel_env.runtime.episode``): the first evaluation of a task on a
-    machine measures its baselines, minutes on a CPU."""
+    """Copy a solution into a fresh workspace, build it in the sandbox, and evaluate it, the way
+    ``kernel-env run-task --solution`` does. Its phases are logged (INFO,
+    ``kernel_env.runtime.episode``): the first evaluation of a task on a machine measures its
+    baselines, minutes on a CPU.
+
+    Args:
+        task: the task.
+        solution: a folder holding ``model_new.py`` and, if any, ``kernels/``.
+        language, device, sandbox, pool, settings: as ``Episode.open``'s.
+        mode: the evaluation's mode (default ``Mode.FINAL``, the trusted final evaluation).
+
+    Returns:
+        build (ExecResult): the build's exit code and output.
+        result (EvalResult): the evaluation; a failed build is a result too (not compiled, reward -1).
+
+    Raises:
+        FileNotFoundError: the solution folder has no ``model_new.py``.
+        ValueError, EpisodeError, SandboxError: as ``Episode.open``."""
     started = time.monotonic()
     log.info("%s: setting up its workspace and sandbox (%s)", task.id, sandbox)
     with Episode.open(task, language=language, device=device, sandbox=sandbox, pool=pool, settings=settings) as episode:

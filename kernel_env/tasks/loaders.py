@@ -69,10 +69,19 @@ def load_jsonl(path: str | Path, *, source: str | None = None) -> list[Task]:
 
 
 def load_tasks(spec: str | Path) -> list[Task]:
-    """Every task of a source: ``examples``; a .py file; a .jsonl, .json or .parquet file of task
-    records (KernelBench export, KernelBook, CUDA-Agent-Ops-6K, synthesis output); a KernelBench
-    checkout; or a folder of record files (a data-set snapshot). Ids are unique within a source:
-    a source that would give two tasks one id is refused, naming the id."""
+    """Every task of a source, parsed, never run (docs/tasks.md, Sources).
+
+    Args:
+        spec: ``examples``; a .py file; a .jsonl, .json or .parquet file of task records
+            (KernelBench export, KernelBook, CUDA-Agent-Ops-6K, synthesis output); a KernelBench
+            checkout; or a folder of record files (a data-set snapshot).
+
+    Returns:
+        The tasks, in the source's order; their ids are unique within the source.
+
+    Raises:
+        TaskError: the source does not exist or is none of these, a record or file cannot be
+            read as a task, or two tasks would have one id (the message names it)."""
     spec_str = str(spec)
     if spec_str in ("examples", "example"):
         return [_example_task(p.parent.name) for p in sorted(data_dir("examples").glob("*/task.py"))]
@@ -99,11 +108,23 @@ def load_tasks(spec: str | Path) -> list[Task]:
 
 
 def resolve_task(spec: str | Path, *, kernelbench_root: str | Path | None = None) -> Task:
-    """One task from a spec: a .py path, ``example/relu_add``, ``kernelbench/L2/12``, or ``FILE.jsonl#ID``.
+    """One task from a spec. A file that exists is read as a file, whatever its path looks like
+    (``examples/relu_add/task.py`` is the file ``load_tasks`` reads too), so every path the loaders
+    accept resolves the same task.
 
-    A file that exists is read as a file, whatever its path looks like (``examples/relu_add/task.py``
-    is the file ``load_tasks`` reads too), so every path the loaders accept resolves the same task.
-    A path that names nothing says so: ``task nope.py: no such file``."""
+    Args:
+        spec: a .py path, ``example/NAME``, ``kernelbench/L<level>/<id>``, ``SOURCE#ID`` (an id or
+            name within any source ``load_tasks`` reads), or a source that holds exactly one task.
+        kernelbench_root: the KernelBench checkout for ``kernelbench/...`` specs; None:
+            ``$KERNEL_ENV_KERNELBENCH``.
+
+    Returns:
+        The task.
+
+    Raises:
+        TaskError: the spec names no task, or a source of several (one line saying so, e.g.
+            ``task nope.py: no such file``), or no KernelBench checkout is set for a
+            ``kernelbench/...`` spec."""
     spec_str = str(spec)
     path = Path(spec_str).expanduser()
     if path.is_file():

@@ -35,9 +35,25 @@ class TaskInfo:
 
 def validate_task(task: Task, *, timeout: float = 180.0, allow_trivial: bool = False,
                   atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL) -> TaskInfo:
-    """Run the task in a locked-down probe process; raise TaskError with one clear line if it is
-    unusable: it does not run, or (unless ``allow_trivial``) a trivial answer passes it at the
-    evaluator's tolerance (``atol``, ``rtol``), or its output is not finite."""
+    """Run the task once in a locked-down probe process (no files outside the Python
+    installation, no network, no processes; on the CPU) and learn its signatures and screen
+    (docs/tasks.md, Screening).
+
+    Args:
+        task: the task.
+        timeout: seconds the probe may take.
+        allow_trivial: take a task the screen refuses (``TaskInfo.trivial`` then says why).
+        atol, rtol: the evaluator's tolerance, which the screen's trivial answers are judged at.
+
+    Returns:
+        What the probe learned: input and output signatures, whether it screened the task, the
+        trivial answers that pass it, warnings.
+
+    Raises:
+        TaskError: the task is unusable, in one line naming it: its source does not parse or
+            lacks ``Model``, ``get_inputs`` or ``get_init_inputs``; it does not run (or not within
+            ``timeout``); or (unless ``allow_trivial``) the screen refuses it: a trivial answer
+            passes it, or its output is not finite."""
     task.check_source()
     try:
         proc = subprocess.run(

@@ -1,59 +1,22 @@
 """utils/build.py — builds this workspace's kernels (PROTECTED: read-only, hash-checked).
 
-Run it as ``bash utils/compile.sh`` (CUDA: ``TORCH_CUDA_ARCH_LIST=9.0 bash utils/compile.sh``).
-``bash utils/compile.sh kernels/foo.cu`` compiles just the named sources, without linking
-(a quick "does this file compile?").
+Run it as ``bash utils/compile.sh`` (CUDA: ``TORCH_CUDA_ARCH_LIST=9.0 bash utils/compile.sh``, else
+``KERNEL_ENV_CUDA_ARCH``, else 9.0: the sandbox has no GPU to ask). ``bash utils/compile.sh
+kernels/foo.cu`` compiles just the named sources, without linking (a quick "does this compile?").
 
-What it does, by workspace kind (read from SKILL.md's ``name:``; without one, from the files):
+cuda / cpp: ninja compiles ``binding.cpp`` and ``kernels/*.cpp`` with g++, ``kernels/*.cu`` with
+nvcc, only what changed (header edits included), links ``build/cuda_extension*.so`` (``import
+cuda_extension`` with ``build/`` on ``sys.path``) and checks that it loads; ``model_new.py`` is
+syntax-checked first. A failed build removes the module, so nothing stale is evaluated; a good one
+writes ``build/build_info.json`` (each source's sha256). triton: nothing to build (kernels compile
+at their first launch); ``model_new.py`` and ``kernels/*.py`` are syntax-checked.
 
-* cuda / cpp — writes ``build/build.ninja`` and runs ninja: one object per source
-  (``binding.cpp`` and every ``kernels/*.cpp`` with g++, every ``kernels/*.cu`` with nvcc),
-  linked into ``build/cuda_extension<EXT_SUFFIX>``, importable as ``cuda_extension`` with
-  ``build/`` on ``sys.path``. Ninja rebuilds only what changed (header edits are tracked
-  through compiler depfiles) and relinks. A freshly linked module is loaded (dlopen,
-  RTLD_NOW) in a child process, which catches undefined symbols here rather than on the GPU
-  worker (skipped, ~1 s, when it needs no symbol that the last module that loaded did not:
-  an edit inside a kernel); duplicate REGISTER_BINDING names are caught from the sources. A failed build
-  removes the module (and build/build_info.json), so no stale build can be verified or
-  profiled by mistake. A good one writes build/build_info.json: the sha256 of every source
-  it was built from, so a later edit that was never built can be detected.
-  ``model_new.py`` is syntax-checked first: its errors are shown before the build, and a
-  module that built then still ends in BUILD FAILED (ModelNew could not be imported).
-* triton — nothing to build: Triton kernels compile when they first launch. Byte-compiles
-  ``model_new.py`` and ``kernels/*.py`` (into a temp dir) to catch syntax errors.
+The compiler's first errors come as file:line; the last line is ``BUILD OK``, ``COMPILE OK``,
+``CHECK OK`` or ``BUILD FAILED``, and the exit status is 0 only on success. The flags are fixed
+(``build_toolchain.compiler_flags``); ``build_ninja.py`` and ``build_load.py`` do the rest.
 
-Output is short and meant for a model to read: one line per compiled source, the
-compiler's first errors with file:line (trimmed), and a final ``BUILD OK: ...`` /
-``BUILD FAILED: ...`` line; the exit status is 0 only on success.
-
-Flags: g++ ``-O3 -std=c++<torch's> -fPIC``, torch's include paths, ``-D_GLIBCXX_USE_CXX11_ABI``
-from torch, ``-DTORCH_EXTENSION_NAME=cuda_extension -DTORCH_API_INCLUDE_EXTENSION_H``; cpp
-workspaces add ``-fopenmp`` (the same libgomp torch uses). nvcc ``-O3 -lineinfo
---expt-relaxed-constexpr --extended-lambda`` and ``-gencode`` for each arch of
-``TORCH_CUDA_ARCH_LIST`` (else ``KERNEL_ENV_CUDA_ARCH``, else 9.0: the sandbox has no GPU to
-ask). Links ``-lc10 -ltorch_cpu -ltorch -ltorch_python`` (+ ``-lc10_cuda -ltorch_cuda
--lcudart``, and cuBLAS/cuDNN when they are installed, only if used), rpath to their dirs.
-torch-derived settings are cached in ``build/.toolchain.json`` (importing torch costs ~2 s),
-keyed on the Python, the torch install and the build's scripts (``utils/build*.py``).
-
-Precompiled torch headers: with ``$KE_HEADERS`` (a read-only folder the trusted host fills,
-see ``build_toolchain.precompiled_header``), sources that start with a torch header are compiled with
-``-include`` of the header precompiled for this compiler and these flags: about half of a
-binding source's compile time. The same folder holds binding.cpp's object (a fixed, protected
-file: linked as it is, never compiled in a workspace) and the toolchain's torch settings (a
-first build need not import torch to find them). ``--precompile DIR`` (the host's job, never a
-sandbox's) makes them.
-
-The work is in three modules beside this one, protected and hash-checked with the rest of
-utils/: ``build_toolchain.py`` (torch's settings, the compilers and their flags, the precompiled
-headers and ``--precompile``), ``build_ninja.py`` (build.ninja, running ninja, the compiler
-errors shown) and ``build_load.py`` (the dlopen check and its ``build/.loaded.json``). This one
-holds the command line, the sources, the Triton check and the build's verdict. They need only
-the standard library (and torch, imported when no cached settings fit).
-
-It must never: write outside ``build/`` and a temp dir (utils/ is read-only: no
-__pycache__), use the network, use ccache, import or run ``model_new.py``, or leave an
-old module in place after a failed build.
+It must never write outside ``build/`` and a temp dir (``--precompile DIR``, the host's job: DIR),
+use the network or ccache, import or run ``model_new.py``, or keep an old module after a failed build.
 """
 
 from __future__ import annotations
@@ -278,6 +241,15 @@ def build_extension(kind: str, only: list[str], start: float, model_ok: bool = T
 
 
 def main(argv: list[str]) -> int:
+    """The command line (what ``utils/compile.sh`` passes on).
+
+    Args:
+        argv: the sources to compile without linking (none: the whole build), ``--precompile DIR``
+            (the trusted host's job, never a sandbox's) or ``-h`` / ``--help``.
+
+    Returns:
+        The exit status: 0 when the build, the compile or the check succeeded, else 1 (the last
+        line printed says why)."""
     start = time.monotonic()
     os.chdir(ROOT)
     if argv[:1] == ["--precompile"] and len(argv) == 2:

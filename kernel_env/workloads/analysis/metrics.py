@@ -1,34 +1,17 @@
 """Episode records and the paper's evaluation metrics over them. Pure: no sandbox, no I/O but
 ``read_records``.
 
-An ``EpisodeRecord`` is one line of a ``kernel-env eval`` run file (JSONL): the conversation, every
-evaluation, the trusted final evaluation (``EvalResult.summary()``), the reward and how the
-episode stopped. ``compute_metrics`` turns records into the CUDA Agent / KernelBench figures, per
-level and overall::
+- ``EpisodeRecord``: one line of a ``kernel-env eval`` run file (JSONL); ``read_records`` reads a
+  run file (``RecordError`` for a file that is not one).
+- ``compute_metrics`` -> ``Metrics`` (a ``GroupMetrics`` per level, and overall): the CUDA Agent /
+  KernelBench figures; ``best_per_task``, ``group_metrics``, ``fast_p`` and ``geomean`` are its parts.
+- ``UNDECIDED_STOPS``: the stops without a verdict on the solution, which a rerun tries again.
 
-    records = read_records("run.jsonl")
-    metrics = compute_metrics(records)
-    metrics.overall.pass_rate, metrics.overall.geomean["compile"], metrics.overall.fast_p["eager"][1.0]
-
-What counts, and why:
-
-- Per task, one record counts: the best one (correct before incorrect, then the largest speed-up
-  vs torch.compile, then vs eager, then reward). Within an episode the environment's final
-  evaluation already is the best solution of the trajectory (``selection="best"``); this rule
-  extends that across several episodes of one task. Only the *final* (trusted, clean-rebuild)
-  evaluation is used: evaluations during an episode ran on builds the agent controlled.
-- Every figure but three is per task: a level's tasks weigh equally, and ``overall`` is over all
-  tasks, so levels weigh by their problem count (KernelBench: 100/100/50), as in the paper. The
-  episode figures (``episodes``, ``invalid_call_rate``) are over every episode of the group.
-- An episode that ended in error (the model server failed) has no final evaluation and counts as
-  a task that did not pass; ``errors`` says how many tasks that is, so a broken run is not
-  mistaken for a weak model. So does an episode whose final evaluation failed by the evaluator's
-  fault (``stop="evaluator_fault"``: a lost worker, the reference failing; never paid as a
-  reward), counted apart in ``evaluator_faults``.
-- Rates are fractions in [0, 1]. A figure that cannot be computed is None, never 0: every rate
-  of a group without tasks; geomeans with no correct solution; the vs-compile figures when
-  correct solutions exist but none has a torch.compile time (the baseline was switched off);
-  the invalid-call rate without any tool call.
+Before touching it: per task one record counts, the best (``best_per_task``), and only its *final*
+evaluation: the evaluations during an episode ran on builds the agent controlled. An episode that
+ended in error or by the evaluator's fault counts as a task that did not pass, and is counted
+apart (``errors``, ``evaluator_faults``). A figure that cannot be computed is None, never 0. What
+each figure means and what counts: docs/eval.md, The metrics.
 """
 
 from __future__ import annotations
@@ -59,23 +42,15 @@ class RecordError(ValueError):
 
 
 class EpisodeRecord(BaseModel):
-    """One finished episode, as ``kernel-env eval`` writes it (one JSON object per line).
+    """One finished episode, as ``kernel-env eval`` writes it (one JSON object per line); the keys
+    are docs/eval.md's record table.
 
-    ``stop``: "finished" (the model called Finish), "turn_limit", "context_limit" (the
-    conversation reached the run's token budget, or the server refused it as past its context),
-    "error" (``error`` says why), or "evaluator_fault" (the final evaluation failed by the
-    evaluator's fault, twice; ``error`` says how). ``final`` is the trusted final evaluation (``EvalResult.summary()``) and
-    ``final_report`` its text, None on error. ``reward`` is the episode's return (the final
-    milestone: -1, 1, 2, 3), None on error or evaluator fault. ``tool_calls`` counts the calls the model made (a reply
-    without any counts as one call, which the environment answers as invalid); ``invalid_calls``
-    those the environment could not run as given. ``tokens`` is the server's count (``prompt``
-    and ``completion`` summed over the calls, ``context`` the longest call: prompt and completion),
-    None where it reported none; ``rollout`` the environment's accounting (``info["rollout"]``:
-    calls by tool, tool errors, repeated calls, seconds in the model, tools, builds and
-    evaluations). ``messages`` is the conversation in OpenAI
-    format and ``tools`` the function schemas offered (what SFT needs); ``evaluations`` every
-    trusted evaluation the agent asked for; ``settings`` the evaluation protocol if not the
-    default. Unknown keys are kept, so a record round-trips through this model unchanged.
+    ``stop``: "finished" (the model called Finish), "turn_limit", "context_limit", "error"
+    (``error`` says why) or "evaluator_fault" (the final evaluation failed by the evaluator's
+    fault, twice; ``error`` says how). ``final`` (``EvalResult.summary()`` of the final evaluation)
+    and ``final_report`` are None on error; ``reward`` (the final milestone) is None on error or
+    evaluator fault. ``evaluations`` holds every trusted evaluation of the episode, the final ones
+    included. Unknown keys are kept, so a record round-trips through this model unchanged.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -116,9 +91,18 @@ class EpisodeRecord(BaseModel):
 
 
 def read_records(path: str | Path) -> list[EpisodeRecord]:
-    """Every record of a run file, in file order, read as ``kernel-env eval`` resumes it (a journal:
-    ``journal.py``): blank lines skipped, a torn last line (a run killed mid-write) left out; a torn
-    record inside the file, or anything else that is not an episode record, raises RecordError."""
+    """Every record of a run file, read as ``kernel-env eval`` resumes it (a journal:
+    ``journal.py``): blank lines skipped, a torn last line (a run killed mid-write) left out.
+
+    Args:
+        path: the run file.
+
+    Returns:
+        The records, in file order.
+
+    Raises:
+        RecordError: no such file, or one that cannot be read, or a line that is not an episode
+            record (a torn record inside the file among them); the message names the line."""
     path = Path(path)
     journal = Journal(path)
     try:
@@ -153,8 +137,10 @@ def _not_a_record(path: Path, line: int, why: str) -> RecordError:
 class GroupMetrics:
     """The figures of one level (``group`` "L1", "L2", ..., "no level") or of all tasks ("all").
 
-    ``faster``, ``geomean`` and ``fast_p`` are keyed by baseline ("eager", "compile"); ``fast_p``
-    then by threshold p (``FAST_P``)."""
+    Each figure is over the group's tasks (one counted record each) but ``episodes`` and
+    ``invalid_call_rate``, which are over every episode of the group. Rates are fractions in
+    [0, 1]. ``faster``, ``geomean`` and ``fast_p`` are keyed by baseline ("eager", "compile");
+    ``fast_p`` then by threshold p (``FAST_P``)."""
 
     group: str
     tasks: int
@@ -194,7 +180,13 @@ class Metrics:
 
 
 def compute_metrics(records: Iterable[EpisodeRecord]) -> Metrics:
-    """The paper's metrics per level and overall (see the module docstring for what counts)."""
+    """The paper's metrics per level and overall (docs/eval.md, The metrics, says what counts).
+
+    Args:
+        records: every episode record of a run (or of several runs over the same tasks).
+
+    Returns:
+        The figures per level (sorted; tasks without a level last) and over all tasks."""
     records = list(records)
     by_level: dict[int | None, list[EpisodeRecord]] = defaultdict(list)
     for record in records:

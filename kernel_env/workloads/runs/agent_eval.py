@@ -1,40 +1,17 @@
 """Runs KernelAgent-v0 episodes with a tool-calling model behind an OpenAI-compatible server
 (vLLM, SGLang, OpenAI), many at once, and writes one JSONL record per finished episode.
 
-::
+- ``run_agent_eval`` (``AgentRunConfig``, ``EvalSummary``): the run, ``concurrency`` episodes at once.
+- ``Conversation``: one episode, a ReAct conversation in OpenAI format (a whole reply is one
+  environment step), ending in an ``EpisodeRecord`` (``kernel_env.workloads.analysis.metrics``).
+- ``RunFile``: the output, a journal of records (``kernel_env.workloads.runs.journal``).
+- ``assistant_message``, ``tool_messages``, ``request_message``: the messages kept and sent.
 
-    config = AgentRunConfig(base_url="http://localhost:8000/v1", concurrency=32)  # language, device: the machine's
-    summary = asyncio.run(run_agent_eval(tasks, config, Path("run.jsonl")))
-    metrics = compute_metrics(read_records("run.jsonl"))
-
-One episode is a ReAct conversation in OpenAI format: a system prompt, the environment's task
-prompt as the first user message, then per turn the model's assistant message (its
-``tool_calls``) and one ``tool`` message per call (the tool's output, under the call's
-``tool_call_id``). The whole reply is one environment step, so every call of a turn runs in order.
-A reply without a tool call is stepped as text too (the environment answers it as an invalid
-call, and the turn counts); the model then gets that answer and a short nudge as a user message.
-
-Records (``kernel_env.workloads.analysis.metrics.EpisodeRecord``) hold what RFT/SFT needs: ``messages`` (exactly
-what the model saw and said, plus vLLM's ``reasoning_content``), ``tools`` (the function
-schemas), every evaluation, the final one, ``reward``, ``invalid_calls``, ``tokens`` (the
-server's counts), ``rollout`` (the environment's accounting: calls by tool, tool errors, repeated
-calls, the time split) and ``stop`` ("finished": the model called Finish; "turn_limit";
-"context_limit": the conversation reached ``max_context_tokens``, 128k by default, or the server
-refused it as past the model's context; both end with the final evaluation; "error").
-Rejection fine-tuning keeps ``reward > 0``, no invalid calls and no loops:
-``kernel_env.workloads.analysis.trajectories`` (``kernel-env export``).
-
-Failure: a model call that fails (HTTP 5xx, timeout, a dropped connection) is retried
-``model_retries`` times with backoff; then the episode is recorded with ``stop="error"`` and the
-run goes on; any other failure inside an episode is recorded the same way. An episode whose final
-evaluation failed by the evaluator's fault (the environment truncates it, ``info["fault"]``) is
-recorded with ``stop="evaluator_fault"`` and no reward: it says nothing of the model. A server that cannot
-be reached at all ends the run (``ServerUnreachable``), before the first episode (then nothing is
-written: the run file is made once the server has answered) or when an episode's retries end on
-a refused connection; finished records stay. Every record is appended and fsynced as its episode
-ends (the output is a journal: ``kernel_env.workloads.runs.journal``), and a rerun with the same output
-skips every task that already has a record with a verdict (not "error" nor "evaluator_fault"), so
-an interrupted or partly failed run is resumed by running it again.
+Before touching it: a record is on disk (fsynced) when its episode ends, and a rerun with the
+same output skips every task whose record has a verdict (not "error" nor "evaluator_fault"), so
+a run is resumed by running it again. A failed episode never ends the run: it is a record with
+``stop="error"``. Only a server that cannot be reached does (``ServerUnreachable``); before the
+first episode it leaves no file. The episode, the record, failures and resume: docs/eval.md.
 
 Why one module of ~500 lines: the configuration, the run file, the run and the conversation are
 one run's parts, each small, and each is read against the others.
@@ -233,15 +210,26 @@ class RunFile:
 async def run_agent_eval(tasks: Iterable[Task], config: AgentRunConfig, output: str | Path, *,
                          on_record: ProgressCallback | None = None,
                          on_turn: TurnCallback | None = None) -> EvalSummary:
-    """Run one KernelAgent-v0 episode per task (skipping tasks done in ``output``), ``concurrency``
-    at a time; append each record to ``output`` as it ends. Returns the summary. ``on_turn`` is
-    called after every environment step of every episode: (task id, turn, max turns).
+    """Run one KernelAgent-v0 episode per task, ``config.concurrency`` at a time, appending each
+    record to ``output`` as its episode ends.
 
-    Raises EvalRunError for a configuration that cannot work here (a language the device cannot
-    run, an output that is not a run file, a model the server does not serve), ServerUnreachable
-    when the server does not answer (before the first episode: nothing is written; or when it
-    stops answering: finished records are kept). ``summary.base_url`` is the address that
-    answered (``config.base_url`` with ``/v1`` added where it lacked it and needed it)."""
+    Args:
+        tasks: the tasks; those with a record that has a verdict in ``output`` are skipped.
+        config: the server and model, the environment, the concurrency.
+        output: the run file (JSONL); made only once the server has answered.
+        on_record: called after every record is written: (the record, the summary so far).
+        on_turn: called after every environment step of every episode: (task id, turn, max turns).
+
+    Returns:
+        The summary: episodes by how they stopped, ``errors`` and ``evaluator_faults`` with why,
+        the model, and ``base_url``, the address that answered (``config.base_url`` with ``/v1``
+        added where it lacked it and needed it).
+
+    Raises:
+        EvalRunError: a configuration that cannot work here (a language the device cannot run,
+            an output that is not a run file, a model the server does not serve).
+        ServerUnreachable: the server does not answer, before the first episode (nothing is
+            written) or when it stops answering (finished records are kept)."""
     tasks = list(tasks)
     if config.concurrency < 1:
         raise EvalRunError(f"concurrency must be at least 1, got {config.concurrency}")

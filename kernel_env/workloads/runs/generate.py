@@ -1,35 +1,19 @@
 """`kernel-env generate`: the seed orchestrator's refine loop against an OpenAI-compatible server.
 
-::
+- ``generate`` (``GenerateConfig``, ``GenerateSummary``): rounds of: pop up to ``batch_size``
+  items, ask the model for all of them at once, evaluate every answer in its sample's own
+  ``KernelRefineEnv``, then requeue each item with its feedback or finalise its trace.
+- ``RefineQueue``, ``QueueItem``: the seed's passive FIFO (add, pop, should_stop, build_feedback,
+  requeue_with_feedback, finalize); it calls no model and evaluates nothing.
+- ``TraceStore``: the output (a JSON list of traces) and its journal.
+- ``select_tasks``: a run's samples, from local files.
 
-    tasks = select_tasks(kernelbench=Path("KernelBench"), kernelbench_samples=100)
-    with TraceStore(Path("reasoning_traces.json")) as store:
-        summary = asyncio.run(generate(tasks, GenerateConfig(multi_turn=True), store))
-
-A passive FIFO queue (``RefineQueue``: add, pop, should_stop, build_feedback,
-requeue_with_feedback, finalize) holds one item per sample, ``{sample_key, sample,
-pytorch_code, messages, turn_num, turns_history}``. The orchestrator works in rounds: it pops up
-to ``batch_size`` items, asks the model for all of them at once (``AsyncOpenAI``), then evaluates
-every answer (each sample has its own ``KernelRefineEnv``, stepped in a thread), then puts each
-item back at the end of the line with its feedback, or finalises it into a trace. Without
-``multi_turn`` every sample gets exactly one generation. The queue speaks the refine protocol
-(``kernel_env.envs.refine_protocol``) that the environment speaks, and the run checks that the
-two agree on every prompt and every stop.
-
-Only ``max_active`` samples are in the line at once (each holds a workspace and a sandbox); a
-new sample joins at the back when one finishes. A model call that fails (HTTP error, timeout)
-drops its sample from this run without a trace, so a rerun tries it again; so does an evaluation
-that failed by the evaluator's fault (``EvalResult.fault``: a trace must not teach a model from
-feedback that says nothing of its code). A server that cannot be reached at all ends the run
-(``ServerUnreachable``). The language follows the machine unless named, as everywhere; the seed's
-traces were Triton's (``<triton>`` answers): ``language="triton"`` gives those.
-
-Durability: every finished trace is appended to a journal beside the output
-(``<output>.journal.jsonl``, flushed and fsynced) before anything else happens, and folded into
-the output's JSON list (rewritten atomically) every ``fold_every`` traces and when the run ends
-or is interrupted; the output is made only once the server has answered. A rerun with the same
-output folds any journal left by a crash, then skips every sample whose ``sample_key`` is already
-there. This module never deletes a finished trace.
+Before touching it: the queue speaks the refine protocol (``kernel_env.envs.refine_protocol``)
+that the environment speaks, and the run checks that the two agree on every prompt and every
+stop. A sample whose model call failed, or whose evaluation failed by the evaluator's fault, is
+dropped without a trace (a rerun tries it again). A finished trace is on disk (journal, fsync)
+before anything else happens, and this module never deletes one. The loop, failures, output and
+resume: docs/refine.md, kernel-env generate.
 
 Why one module of ~500 lines: the queue, the output and the orchestrator are the seed's one loop;
 each is small, and the orchestrator is read against the other two.
@@ -346,12 +330,26 @@ ProgressCallback = Callable[[GenerateSummary, int, str], None]
 
 async def generate(tasks: Iterable[Task], config: GenerateConfig, store: TraceStore, *,
                    on_progress: ProgressCallback | None = None) -> GenerateSummary:
-    """Run the refine loop over ``tasks`` (skipping those finished in ``store``); returns the summary.
+    """Run the refine loop over ``tasks``. On any exit, interruption included, every live
+    workspace is closed and the store folded.
 
-    Raises ServerUnreachable when the server does not answer (before the first sample: nothing is
-    written; or in the middle of the run), GenerateError when samples cannot be set up here (no
-    sandbox, a bad device, a model the server does not serve). On any exit, interruption included,
-    every live workspace is closed and the store folded."""
+    Args:
+        tasks: the samples (``select_tasks``); those already finished in ``store`` are skipped.
+        config: the server, the loop, and where answers are evaluated.
+        store: the output, opened (``TraceStore.open`` or ``with``); it is made only once the
+            server has answered.
+        on_progress: called after every finished or dropped sample: (summary so far, samples in
+            the line, what happened).
+
+    Returns:
+        The summary: traces written by stop reason, samples dropped (``failed``,
+        ``evaluator_faults``) with why, and the model and address that answered.
+
+    Raises:
+        ServerUnreachable: the server does not answer, before the first sample (nothing is
+            written) or in the middle of the run (finished traces are kept).
+        GenerateError: samples cannot be set up here (no sandbox, a bad device or pool, a model
+            the server does not serve)."""
     tasks = list(tasks)
     try:
         language, device = language_and_device(config.language, config.device)

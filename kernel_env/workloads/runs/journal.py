@@ -3,30 +3,19 @@
 
 Every long run that a rerun resumes keeps what it finished in one: `kernel-env eval`'s run file,
 `kernel-env generate`'s ``<output>.journal.jsonl``, `kernel-env synth`'s ``candidates.jsonl``
-and ``verdicts.jsonl``. The rules are the same for all of them:
+and ``verdicts.jsonl``.
 
-- ``append`` writes a record as one line (a JSON object, then ``\\n``) and returns only once the
-  line is on disk: written, fsynced, and the folder fsynced when the append made the file. A
-  record whose ``append`` returned survives the process being killed; only the one being written
-  at that moment can be lost.
-- That one is a torn last line: bytes after the last newline that are not a JSON object (a prefix
-  of one, or the zeros a power loss can leave). Its ``append`` never returned, so nothing anyone
-  was promised is in it: ``repair`` cuts it (truncates the file after the last whole line) and
-  logs that it did. A last record that is whole but lost its newline is kept, and its line ended.
-  The first ``append`` of a ``Journal`` repairs first, so a rerun's records always start on a line
-  of their own and, once repaired, every line of a journal is a whole record.
-- ``read`` changes nothing. It returns the records with their line numbers, skips blank lines,
-  leaves out a torn last line (``torn`` says it was there), and skips, with a warning, a record
-  fragment inside the file (a line that starts like a record and is not JSON: what `kernel-env
-  synth` left before this module, when it kept a torn line and started a new one; ``skipped``
-  lists them). Any other line that is not a JSON object means the file is not a journal: it raises
-  JournalError and nothing is changed, so pointing a run at the wrong file never cuts it.
+- ``Journal``: ``append`` (durable), ``read`` (changes nothing), ``create`` and ``repair`` (cut
+  a torn last line).
+- ``Entry``: a record and its line; ``JournalError``: a file that is not a journal.
 
-Which key says a sample is done, and which records a rerun retries (an error, an evaluator's
-fault), is each run's business, not this module's; so is refusing a file with a torn record inside
-(`kernel-env eval`'s run file, and `kernel-env report` reading it, do: the report could not trust
-it; synth's journals skip them). A journal has one writer at a time; this
-module never removes a whole record.
+Before touching it: a record whose ``append`` returned survives the process being killed; only
+the one being written then can be lost, as a torn last line, which nobody was promised. A file
+that is not a journal raises JournalError and is left as it is, so pointing a run at the wrong
+file never cuts it. A journal has one writer at a time, and this module never removes a whole
+record. Which key says a sample is done, which records a rerun retries, and whether a torn
+record inside the file is refused (eval's run file and ``kernel-env report``) or skipped
+(synth's journals) is each run's business.
 """
 
 from __future__ import annotations
@@ -65,7 +54,11 @@ class Entry:
 
 
 class Journal:
-    """The journal at ``path`` (the file need not exist yet). Not thread-safe: one writer."""
+    """The journal at ``path`` (the file need not exist yet). Not thread-safe: one writer.
+
+    A torn last line is what a write cut short leaves: bytes after the last newline that are not a
+    JSON object (a prefix of one, or the zeros a power loss can leave). Once repaired, every line
+    of a journal is a whole record, and a rerun's records start on a line of their own."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -76,9 +69,12 @@ class Journal:
         self._repaired = False
 
     def read(self) -> list[Entry]:
-        """Every record on file, in order ([] when there is no file); changes nothing. Raises
-        JournalError for a line that is neither a record, a blank line nor a record fragment, and
-        OSError when the file cannot be read."""
+        """Every record on file, in order, with its line number ([] when there is no file); changes
+        nothing. Blank lines are skipped; a torn last line is left out (``torn`` says it was there);
+        a record fragment inside the file (a line that starts like a record and is not JSON: what
+        `kernel-env synth` left before this module, when it kept a torn line and started a new one)
+        is skipped with a warning (``skipped`` lists them). Raises JournalError for any other line
+        that is not a JSON object, and OSError when the file cannot be read."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -141,7 +137,8 @@ class Journal:
         self._repaired = True
 
     def append(self, record: Mapping[str, Any] | str) -> None:
-        """Write one record as a line; on disk (written, fsynced) when this returns. ``record`` is a
+        """Write one record as a line (a JSON object, then ``\\n``); on disk when this returns:
+        written, fsynced, and the folder fsynced when this append made the file. ``record`` is a
         mapping (written as ``json.dumps(record)``: TypeError for a value JSON cannot hold) or a JSON
         object its caller serialised on one line (a pydantic model's ``model_dump_json()``). The
         file and its folder are made if they are not there. The first append of this Journal

@@ -1,35 +1,21 @@
-"""Filter: run each candidate task in the evaluation machinery's isolated processes; keep the usable ones.
+"""Filter: run each candidate task in the evaluation's isolated judge process; keep the usable ones.
 
-A candidate is kept when all of these hold, checked in this order (the cheap ones first):
+A candidate is kept when all of these hold, checked in this order (the cheap ones first): it
+imports and runs; ``forward`` returns tensors, all finite; the same inputs twice give the same
+outputs; no output is constant, and different inputs give different outputs; its eager time lies
+within ``FilterSettings.bounds()`` ([1, 100] ms on a GPU, ``CPU_TIME_SCALE`` times that on the
+CPU); ``torch.compile(Model)`` runs and agrees with eager. The checks, the bounds and the parallel
+screening: docs/tasks.md, Synthesis (step 4).
 
-1. it imports and runs: ``get_init_inputs``, ``Model(...)``, ``get_inputs``, ``forward``;
-2. ``forward`` returns tensors, all finite;
-3. it is deterministic: the same inputs twice give the same outputs (a stochastic operator,
-   such as dropout in training mode, does not);
-4. no output is constant (all elements equal), and different inputs give different outputs;
-5. its eager time (``timing.time_calls``, the evaluation's one timing path, median) lies within
-   [min_ms, max_ms]: by default [1, 100] ms on a GPU (the paper's), and on the CPU that range
-   times ``CPU_TIME_SCALE`` = 50, so [50, 5000] ms: a server CPU streams memory at 50–100 GB/s
-   against an H100's 3 TB/s, and computes fp32 some tens of times slower, so the same task takes
-   roughly 30–100 times longer there. A rough factor for a rough machine class: pass explicit
-   bounds where it matters;
-6. ``torch.compile(Model)`` runs and agrees with eager (atol = rtol = 1e-2, the evaluation's).
+- ``filter_tasks``: screen ``(task_id, code)`` pairs; ``Screener``: the same, one ``submit`` each.
+- ``screen``: judge one task; ``FilterSettings``, ``Screening``, ``FilterError``.
 
-The candidate's code runs only in a reference child (``evaluators/child/runner.py`` in an
-``evaluators.children.Child``: bubblewrap, no network, resource limits), never in this
-process; the child reports facts, this module decides. Candidates are screened in parallel,
-``jobs_per_device`` at a time per device; a per-device lease (``evaluators/sharing.py``, the
-evaluation pool's too) makes timing exclusive (no other screening imports or runs its task on
-that device while one is timed), while imports and checks overlap each other. torch.compile
-runs outside the lease: compiling is minutes of CPU work that a waiting timer would otherwise
-stall every screening behind, and the compiled model's two short runs are noise a median of
-ten timed calls absorbs. The CPUs are shared
-among the processes compiling at once (``compile_threads``). A candidate that ran out of
-memory alongside others is judged again once no other screening's process is alive on that
-device (their contexts and caches hold memory even while they wait). A candidate whose process
-died or hung is rejected only after a trivial task's process is seen to work (else the machine
-is at fault: FilterError). Children of one run share a torch.compile cache directory, so each
-compile does not start cold.
+Before touching it: the candidate's code runs only in a judge child (``evaluators.children.Child``:
+its own namespaces, no network, resource limits), never in this process; the child reports facts,
+this module decides. Timing holds the device alone (``DeviceLease``); torch.compile runs outside
+the lease, since a timer waiting for minutes of compiling would stall every screening behind it.
+A candidate whose process died or hung is rejected only after a trivial task's process is seen to
+work (else the machine is at fault: FilterError).
 """
 
 from __future__ import annotations
@@ -56,7 +42,10 @@ from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.sandbox.bwrap import bubblewrap_problem
 
 GPU_BOUNDS_MS = (1.0, 100.0)
-#: CPU eager times are judged against GPU_BOUNDS_MS scaled by this factor (see the module docstring).
+#: CPU eager times are judged against GPU_BOUNDS_MS scaled by this factor: a server CPU streams memory
+#: at 50-100 GB/s against an H100's 3 TB/s and computes fp32 some tens of times slower, so a task takes
+#: roughly 30-100 times longer there. A rough factor for a rough machine class: pass explicit bounds
+#: (``min_ms``, ``max_ms``) where it matters.
 CPU_TIME_SCALE = 50.0
 _INPUT_SEEDS = (1234, 5678)
 _CANARY = """import torch
