@@ -4,6 +4,10 @@ Keyed by (task content hash, device name, torch version, timing protocol version
 settings a timing depends on): a different GPU model, torch build or timing protocol is a
 different baseline. Measured by the same protocol as candidates: a worker process runs the task's
 Model (or torch.compile of it) and the judge times its calls (``child/judge.py``).
+
+An entry only ever gets faster: a job whose candidate seems faster than the baselines times them
+again after it and keeps the faster of each (``harness._Script.confirm_speedup``), so a baseline
+timed during a disturbance pays no speed-up.
 """
 
 from __future__ import annotations
@@ -42,11 +46,24 @@ class BaselineCache:
         compiled = record.get("compile")
         return Timing(**record["eager"]), Timing(**compiled) if compiled else None
 
-    def put(self, key: str, eager: Timing, compiled: Timing | None) -> None:
+    def put(self, key: str, eager: Timing, compiled: Timing | None) -> tuple[Timing, Timing | None]:
+        """Store the timings, each where it is faster than the one stored (jobs confirming at once);
+        returns what is stored."""
         with self._lock:
+            stored = self.get(key)
+            if stored is not None:
+                eager, compiled = faster(stored[0], eager), faster(stored[1], compiled)
             self.directory.mkdir(parents=True, exist_ok=True)
             record = {"eager": eager.model_dump(), "compile": compiled.model_dump() if compiled else None}
             fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
             with os.fdopen(fd, "w") as handle:
                 json.dump(record, handle)
             os.replace(tmp, self._path(key))
+            return eager, compiled
+
+
+def faster(first: Timing | None, second: Timing | None) -> Timing | None:
+    """The timing with the smaller median (either, where the other is missing)."""
+    if first is None or second is None:
+        return first or second
+    return min(first, second, key=lambda timing: timing.median_ms)

@@ -1,9 +1,9 @@
 """The trusted harness: one evaluation job from snapshot to EvalResult (the script; ``job.py`` holds
 the mechanics it runs on: children, lease, bounds, faults).
 
-A job runs two isolated processes (``child/``): the **judge**, which runs only the task's code and
-the harness's, and a **worker**, which runs the candidate's ModelNew. The judge makes every call's
-inputs under a secret seed, runs the reference, hands the inputs to the worker only as the call
+A job runs isolated processes (``child/``): the **judge**, which runs only the task's code and the
+harness's, and a **worker** per model under test: the candidate's ModelNew. The judge makes every
+call's inputs under a secret seed, runs the reference, hands the inputs to the worker only as the call
 starts, reads the worker's outputs itself and compares them in full, and times the call on its
 own clock (``child/judge.py``). The reward depends on nothing else: what the worker reports
 (where its outputs are, what its audit saw) can name memory for the judge to read or add a
@@ -12,8 +12,9 @@ through a worker that runs the task's Model, so the round trip's fixed cost is t
 three and is calibrated out of each (docs/design.md, The trusted evaluation).
 
 This process never imports candidate code and never reads a candidate's output. It applies the
-source rules before anything runs (``static_rules.py``), turns what the judge and the worker
-answer into the result, and concludes it (``verdict.py``), the one place a reward is decided.
+source and module rules before anything runs (``static_rules.py``, ``module_rules.py``), turns what
+the judge and the workers answer into the result, and concludes it (``verdict.py``), the one place a
+reward is decided.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from kernel_env.evaluators.baselines import BaselineCache
+from kernel_env.evaluators.baselines import BaselineCache, faster as faster_timing
 from kernel_env.evaluators.child.protocol import (
     CallRecord,
     Connect,
@@ -52,6 +53,7 @@ from kernel_env.evaluators.children import Child, ChildError, CommandFailed
 from kernel_env.evaluators.job import SPARES, Job, JobFailed, lost_with_its_server
 from kernel_env.evaluators.module_rules import read_untrusted
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode, Timing, TrialReport
+from kernel_env.evaluators.reward import faster
 from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.evaluators.static_rules import check_sources
 from kernel_env.evaluators.verdict import conclude
@@ -193,28 +195,49 @@ class _Script:
 
     def baseline_times(self, setup: SetupAnswer) -> tuple[Timing, Timing | None]:
         """Eager and torch.compile, timed as candidates are (a worker running the task's Model), or the cache's."""
-        key = self.baselines.key(self.job.task_code, setup.device_name, setup.torch, self.s.timing_protocol())
-        cached = self.baselines.get(key)
+        self.baseline_key = self.baselines.key(self.job.task_code, setup.device_name, setup.torch, self.s.timing_protocol())
+        cached = self.baselines.get(self.baseline_key)
         # An entry measured without the compile baseline does not serve a job that wants one.
         if cached and (cached[1] is not None or not self.s.compile_baseline):
             return cached
+        timed = self.time_baselines("baseline worker", ("eager", "compile") if self.s.compile_baseline else ("eager",))
+        return self.baselines.put(self.baseline_key, timed["eager"], timed.get("compile"))
+
+    def time_baselines(self, label: str, kinds: tuple[str, ...]) -> dict[str, Timing]:
         jb = self.jb
-        worker = self.start_worker("baseline worker")
-        timings = []
-        for kind in ("eager", "compile") if self.s.compile_baseline else ("eager",):
+        worker = self.start_worker(label)
+        timings = {}
+        for kind in kinds:
             loaded = jb.ask(worker, self.load(worker, kind), LoadAnswer, f"building the {kind} baseline",
                             timeout=self.s.job_timeout_s)
             if loaded.error:
                 jb.fail(f"the {kind} baseline could not be built: {loaded.error}")
             self.calls(worker, Drive(phase="warmup", calls=self.s.warmup_calls, flush_bytes=self._flush_bytes()),
-                       f"baseline worker: {kind} warm-up", self.s.job_timeout_s)
+                       f"{label}: {kind} warm-up", self.s.job_timeout_s)
             driven, _ = self.calls(worker, Drive(phase="time", calls=self.s.timed_calls, flush_bytes=self._flush_bytes()),
-                                   f"baseline worker: {kind} timing", self.s.job_timeout_s, timing=True)
-            timings.append(_timing([r.time_ms for r in driven.calls if r.kind == "timed"], driven.calibration_ms))
+                                   f"{label}: {kind} timing", self.s.job_timeout_s, timing=True)
+            timings[kind] = _timing([r.time_ms for r in driven.calls if r.kind == "timed"], driven.calibration_ms)
         jb.discard(worker)
-        eager, compiled = timings[0], (timings[1] if len(timings) > 1 else None)
-        self.baselines.put(key, eager, compiled)
-        return eager, compiled
+        return timings
+
+    def confirm_speedup(self, candidate: Child) -> None:
+        """A speed-up is paid only against baselines timed again after the candidate's, once its
+        process is gone: each baseline the candidate seems faster than by the margin is the faster
+        of its first timing (cached, or timed before the candidate) and a new one, and the cache
+        keeps that one. A disturbance (a busy processor, another process's work on the device) only
+        ever makes a timing slower, so a baseline timed during one pays no speed-up, once or for good."""
+        result, margin = self.result, self.s.speedup_margin
+        claimed = tuple(kind for kind, baseline_ms in (("eager", result.eager_ms), ("compile", result.compile_ms))
+                        if faster(result.runtime_ms, baseline_ms, margin))
+        if not claimed:
+            return
+        self.jb.discard(candidate)
+        # A failure from here on is the evaluator's: it would pay the candidate nothing, not its milestone.
+        self.jb.candidate_exposed = False
+        timed = self.time_baselines("baseline worker (confirming a speed-up)", claimed)
+        result.eager, result.compiled_baseline = self.baselines.put(
+            self.baseline_key, faster_timing(result.eager, timed.get("eager")),
+            faster_timing(result.compiled_baseline, timed.get("compile")))
 
     def start_worker(self, label: str) -> Child:
         """A worker connected to the judge, with the reference's weights and init inputs, and the
@@ -308,6 +331,8 @@ class _Script:
         if integrity.modes:
             result.violations.append(f"ModelNew left torch modes on the stack ({', '.join(integrity.modes[:3])})")
         result.violations = list(dict.fromkeys(result.violations))
+        if result.runtime is not None and not result.violations:
+            self.confirm_speedup(worker)
 
     def check_trials(self, calls: list[CallRecord]) -> None:
         s, result = self.s, self.result

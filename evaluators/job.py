@@ -165,7 +165,7 @@ class Job:
 
     def timing_step(self, judge: Child, name: str, run: Callable[[], object]):
         """``run()``, a timing run, as the step ``name`` under the device's lease. On a shared GPU
-        the device is probed first (``judge.other_work_ms``, from the judge's process): a kernel
+        the device is probed first (``exchange.other_work_ms``, from the judge's process): a kernel
         that another job's step launched before the lease froze it may still run there
         (sharing.py). Then the run waits until every untimed step has ended (``drain``) and is
         made without the probe."""

@@ -140,3 +140,18 @@ def test_a_cached_baseline_without_compile_is_remeasured_for_a_job_that_wants_co
     assert both.error is None and both.compile_ms and both.compile_ms > 0
 
 
+
+
+def test_the_cache_keeps_each_baselines_fastest_timing(tmp_path):
+    """Two jobs confirming at once may store in either order: an entry only ever gets faster."""
+    from kernel_env.evaluators.baselines import BaselineCache
+    from kernel_env.evaluators.records import Timing
+
+    def timing(ms):
+        return Timing(median_ms=ms, min_ms=ms, max_ms=ms, calls=3)
+
+    cache = BaselineCache(tmp_path)
+    assert cache.put("k", timing(2.0), None) == (timing(2.0), None)
+    assert cache.put("k", timing(1.0), timing(5.0)) == (timing(1.0), timing(5.0))
+    assert cache.put("k", timing(3.0), timing(4.0)) == (timing(1.0), timing(4.0))
+    assert cache.get("k") == (timing(1.0), timing(4.0))

@@ -1,23 +1,21 @@
 """Memory the judge and the worker share, and the GPU's flags between them.
 
-The judge owns every buffer a call's inputs cross in: it allocates it, the worker maps it. On the
-CPU a buffer is a memfd (``HostBuffer``), sent to the worker over their socket; on a GPU it is a
-device allocation of its own (``cuMemAlloc``, so that mapping it exposes nothing else of the
-judge's memory), shared through a CUDA IPC memory handle (``DeviceMemory``). A GPU worker's
-outputs stay where its forward left them: it names their allocation by its IPC handle, and the
-judge maps that allocation and reads them itself. An output that cannot be shared that way (a
-view of an input, memory from another allocator) and every output on the CPU is copied by the
-worker into a spill buffer the judge owns.
+The judge owns every buffer a call's inputs cross in; the worker maps it. An output the worker
+cannot share by its own allocation's IPC handle (a view of an input, memory of another allocator,
+every output on the CPU) it copies into a spill buffer the judge owns. The protocol these serve:
+docs/design.md, What is trusted, and One call, and the clock.
 
-The GPU's calls are ordered by three 32-bit words in a page the judge allocates (``Flags``),
-through stream memory operations (``cuStreamWaitValue32`` / ``cuStreamWriteValue32``): the worker's
-stream waits for the call's sequence number before its forward; the judge's stream writes it once
-the inputs have landed, then waits until the worker has copied the call's nonce (written just
-before) into the done word. CUDA's IPC events would have done the same, but they need a /dev/shm
-that the two processes share, and each child has its own.
+- ``HostBuffer``: (the CPU) a memfd, its size sealed, sent over the judge–worker socket.
+- ``DeviceMemory``: (a GPU) the CUDA driver calls both sides need: allocations, IPC handles and
+  stream memory operations (``cuStreamWaitValue32`` / ``cuStreamWriteValue32``).
+- ``DeviceBuffer``: a device allocation of the judge's own (``cuMemAlloc``: mapping it exposes
+  nothing else of the judge's memory), shared through its IPC handle.
+- ``Flags``: the GPU's three call words (``SEQ``, ``NONCE``, ``DONE``) in a page the judge owns.
+- ``view``, ``layout_of``, ``dense``, ``contiguous_strides``: tensors laid over shared bytes.
+- ``other_work_ms``: whether another process's work holds the device (before a timing run).
 
-Both sides import this module (the judge and the worker are siblings in ``child/``); nothing here
-decides anything.
+Both sides import this module; nothing here decides anything. What one side describes to the other
+is checked against what is there (``view``, ``HostBuffer.adopt``).
 """
 
 from __future__ import annotations
@@ -27,6 +25,8 @@ import fcntl
 import math
 import mmap
 import os
+import statistics
+import time
 
 import torch
 
@@ -66,8 +66,19 @@ class HostBuffer:
 
 
 def view(raw: torch.Tensor, dtype: torch.dtype, shape: list[int], stride: list[int], offset: int = 0) -> torch.Tensor:
-    """A tensor of ``dtype``, ``shape`` and ``stride`` (in elements) over the bytes of ``raw`` from
-    ``offset``; ValueError if it would reach past them or cannot be laid out there."""
+    """A tensor over shared bytes, as the other side described it.
+
+    Args:
+        raw: the bytes (a flat uint8 tensor).
+        dtype, shape, stride: the tensor's, stride in elements.
+        offset: where in ``raw`` it starts, in bytes.
+
+    Returns:
+        A view of ``raw`` (no copy); an empty tensor where ``shape`` holds no element.
+
+    Raises:
+        ValueError: a negative or misaligned size, stride or offset, a shape and a stride of
+            different lengths, or a tensor that would reach past the end of ``raw``."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     if len(shape) != len(stride) or min([*shape, *stride, offset], default=0) < 0 or offset % itemsize:
         raise ValueError("a negative or misaligned size, stride or offset")
@@ -174,6 +185,16 @@ class DeviceMemory:
             self._opened[handle] = (pointer.value, self.extent(pointer.value)[1])
         return self._opened[handle]
 
+    def close(self, handle: str) -> None:
+        """Unmap another process's allocation opened by ``handle`` (its memory is freed once its owner
+        has freed it too)."""
+        opened = self._opened.pop(handle, None)
+        if opened is not None:
+            self._check(self._cuda.cuIpcCloseMemHandle(ctypes.c_uint64(opened[0])), "cuIpcCloseMemHandle")
+
+    def free(self, pointer: int) -> None:
+        self._check(self._cuda.cuMemFree_v2(ctypes.c_uint64(pointer)), "cuMemFree")
+
     def extent(self, pointer: int) -> tuple[int, int]:
         """(base, size) of the allocation ``pointer`` lies in."""
         base, size = ctypes.c_uint64(), ctypes.c_size_t()
@@ -204,7 +225,7 @@ class DeviceMemory:
 
 
 class DeviceBuffer:
-    """A device allocation of the judge's own, shared with the worker (``spec_handle``)."""
+    """A device allocation of the judge's own, shared with the worker (``handle``)."""
 
     def __init__(self, memory: DeviceMemory, nbytes: int):
         self.nbytes = nbytes
@@ -216,6 +237,11 @@ class DeviceBuffer:
 
     def tensor(self, dtype: torch.dtype, shape: list[int], stride: list[int]) -> torch.Tensor:
         return view(self.raw, dtype, shape, stride)
+
+    def free(self, memory: DeviceMemory) -> None:
+        """Free the allocation (no view of it may be used after)."""
+        self.raw = None
+        memory.free(self.pointer)
 
 
 #: Offsets of the three words in the flags page.
@@ -243,3 +269,25 @@ class Flags:
     def echo(self) -> None:
         """(The worker.) Copy the nonce into the done word on the current stream: its work is queued before it."""
         self.words[2:3].copy_(self.words[1:2])
+
+
+#: A tiny kernel's launch and completion takes ~20 us on an idle H100; a device time-shared with
+#: another process's running kernel makes it wait for that process's time slice (milliseconds).
+_BUSY_MS = 0.5
+
+
+def other_work_ms(device: torch.device, rounds: int = 5) -> float | None:
+    """Milliseconds a tiny kernel waited to run and finish (median of ``rounds``) when another
+    process's work holds the device, else None: before a timing run on a device shared with
+    other jobs, whose processes are frozen but whose kernels already launched run on."""
+    if device.type != "cuda":
+        return None
+    probe = torch.zeros(1, device=device)
+    walls = []
+    for _ in range(rounds):
+        began = time.perf_counter_ns()
+        probe.add_(1)
+        torch.cuda.synchronize(device)
+        walls.append((time.perf_counter_ns() - began) / 1e6)
+    wall = statistics.median(walls)
+    return wall if wall > _BUSY_MS else None

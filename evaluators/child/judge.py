@@ -1,39 +1,21 @@
 """The judge: the trusted process of a job. It runs the task's reference, makes every call's inputs,
 reads every output itself and owns the clock; the worker only computes.
 
-The judge is the reference's process: it runs the task's code and the harness's, never a
-candidate's. For every call it draws fresh inputs under a secret seed in its own memory, runs the
-reference on them, and only then lets them reach the worker, by copying them into buffers it owns
-and the worker maps (``exchange``). The worker answers where its outputs are; the judge reads them
-into its own memory and compares them in full with the reference's (``compare``). So the worker
-learns nothing of a call's inputs before the call starts, never sees a reference output, and
-cannot change a verdict: what it reports can only name memory for the judge to read.
+It runs the task's code and the harness's, never a candidate's. Each call's inputs are drawn under
+a secret seed in the judge's own memory and reach the worker only as the call starts, copied into
+buffers the judge owns (``exchange``); the judge reads the outputs into its own memory and compares
+them in full (``compare``). What the worker sends can only name memory for the judge to read.
 
-**The clock** (``_call_cuda``). One stream of the judge's does, in order, once the worker has
-queued its call behind a wait for the call's number:
+- ``Judge``: one job's calls with a connected worker (``connect``, ``drive``).
+- ``WorkerFailed``: the worker broke the protocol, ended, or could not run a call.
+- ``load_gated_kernels``: the kernels a call queues behind its gate, loaded ahead.
 
-    [host gate] e0 [inputs into the shared buffers] [L2 flush] [nonce] [number]
-                   ... the worker's stream: [wait for the number] [forward] [copy the nonce to done]
-    [wait until done holds the nonce] [L2 flush] [snapshot of every output into the judge's memory] e1
+The clock (``_call_cuda``, ``_call_cpu``, ``_calibrate``, ``_time``) is docs/design.md's "One call,
+and the clock": a call's time is never less than the worker's work but for the calibrated round
+trip, and a change here must keep that true.
 
-and the call's time is ``e1 - e0`` less the median of the same round trip with no forward
-(``_calibrate``, run before any candidate code exists in the worker; ``_time`` takes the median of
-empty calls made beside the timed ones instead where it is lower, never where it is higher).
-Whatever the worker does, its work on the call starts after ``e0`` (it has no inputs before) and
-has ended by ``e1`` (the snapshot read every output, and the verdict is on what it read), so the
-time cannot be less than the work, but for the calibrated round trip. Everything the judge does
-between the marks runs on the GPU's compute engine as kernels (``_copy``: its copies too), where
-the worker's kernels cannot run beside it. The host gate (a
-word in pinned memory the stream waits for) lets the whole sequence be queued before any of it
-runs, and the worker queues its forward before the gate opens, so neither process's launch
-latency is in the time (for a forward that waits for its own device work on the host, the judge
-opens the gate after ``_HOST_WAIT_S`` and the rest is timed; the untimed trials open it at once).
-
-On the CPU the judge's own clock brackets the same steps (``_call_cpu``): the inputs copied in, the
-worker's forward and its copy of the outputs into the judge's buffers, the judge's snapshot.
-
-Why one module: the calls, the calibration and the timing share the clock's sequence above, and a
-reader checking that no time can be taken off a candidate's work must see all of it in one place.
+Why one module: the calls, the calibration and the timing share the clock's sequence, and a reader
+checking that no time can be taken off a candidate's work must see all of it in one place.
 """
 
 from __future__ import annotations
@@ -60,6 +42,8 @@ from protocol import (
     Go,
     OutputRef,
     ProtocolError,
+    Release,
+    Released,
     Settled,
     Stop,
     TrialVerdict,
@@ -75,6 +59,9 @@ _HOST_WAIT_AGAIN_S = 0.01
 _CALIBRATION_DISCARD = 2
 #: A time below this is reported as this (a round trip's noise can make an empty call's negative).
 _FLOOR_MS = 1e-3
+#: A worker keeps the device buffers of every layout it was sent while they take less than this; past
+#: it (a big task's trial variants: 13 GB a layout on KernelBench level 1) the earlier ones are released.
+_LAYOUT_BYTES = 1 << 30
 
 
 class WorkerFailed(Exception):
@@ -85,8 +72,8 @@ class _Layout:
     """The shared buffers of one input layout: the inputs the worker computes on (None for a
     non-tensor input) and the spill buffers of the outputs it cannot share."""
 
-    def __init__(self, number: int, inputs: list, spill: list):
-        self.number, self.inputs, self.spill = number, inputs, spill
+    def __init__(self, number: int, inputs: list, spill: list, buffers: list):
+        self.number, self.inputs, self.spill, self.buffers = number, inputs, spill, buffers
 
 
 class Judge:
@@ -122,15 +109,26 @@ class Judge:
     # ------------------------------------------------------------------ the worker
 
     def connect(self, link: protocol.Link) -> None:
-        """Talk to a newly connected worker: its own flags, and buffers made anew as calls need them."""
-        self.link, self.layouts, self.calibration_ms, self.host_wait_s = link, {}, None, _HOST_WAIT_S
+        """Talk to a newly connected worker: its own flags, and buffers made anew as calls need them.
+
+        Args:
+            link: the judge's end of the judge–worker socket (``Connect``)."""
+        self._free_layouts()  # the previous worker's: it is gone
+        self.link, self.calibration_ms, self.host_wait_s = link, None, _HOST_WAIT_S
         if self.cuda:
             self.flags = exchange.Flags(self.memory)
             self._send(Flags(handle=self.flags.handle))
 
     def drive(self, req: Drive) -> DriveAnswer:
-        """Run the calls of one phase with the connected worker; then tell it to stop. A worker
-        that breaks the protocol or raises ends the phase: ``error`` / ``worker_error`` say why."""
+        """Run the calls of one phase with the connected worker; then tell it to stop.
+
+        Args:
+            req: the phase ("calibrate", "trials", "warmup" or "time") and its settings.
+
+        Returns:
+            Each call's record (its time, verdict and findings) and ``calibration_ms``, the round trip
+            a timed call's time is taken less. A worker that breaks the protocol or raises ends the
+            phase: ``error`` / ``worker_error`` say why; nothing is raised."""
         answer = DriveAnswer()
         self._flush_bytes = req.flush_bytes
         # Each phase's patience (a first call that compiles spends it); none for the trials, which are not
@@ -299,6 +297,14 @@ class Judge:
         tensors = [x for x in staging if isinstance(x, torch.Tensor)] + list(outputs)
         layouts = [exchange.layout_of(t) for t in tensors]
         if self.cuda:
+            held = sum(buffer.nbytes for layout in self.layouts.values() for buffer in layout.buffers)
+            if self.layouts and held + sum(nbytes for _, _, nbytes in layouts) > _LAYOUT_BYTES:
+                self._send(Release(layouts=[layout.number for layout in self.layouts.values()]))
+                try:
+                    self.link.recv(Released)
+                except (EOFError, ProtocolError) as exc:
+                    raise WorkerFailed(f"the worker broke the call protocol ({exc})") from None
+                self._free_layouts()
             buffers = [exchange.DeviceBuffer(self.memory, nbytes) for _, _, nbytes in layouts]
             shared = [b.tensor(t.dtype, shape, stride) for b, t, (shape, stride, _) in zip(buffers, tensors, layouts)]
             specs = [BufferSpec(_dtype(t), shape, stride, nbytes, handle=b.handle)
@@ -309,7 +315,7 @@ class Judge:
             for _, _, nbytes in layouts:
                 offsets.append(total)
                 total += -(-nbytes // 64) * 64  # each tensor 64-byte aligned
-            host = exchange.HostBuffer(total)
+            host, buffers = exchange.HostBuffer(total), []
             self._host_buffers.append(host)
             shared = [exchange.view(host.raw, t.dtype, shape, stride, offset)
                       for t, (shape, stride, _), offset in zip(tensors, layouts, offsets)]
@@ -327,13 +333,20 @@ class Judge:
             index += is_tensor
         number = len(self.layouts) + 1
         self._send(Buffers(layout=number, inputs=input_specs, spill=specs[count:]), fds)
-        layout = self.layouts[key] = _Layout(number, inputs, shared[count:])
+        layout = self.layouts[key] = _Layout(number, inputs, shared[count:], buffers)
         return layout
 
+    def _free_layouts(self) -> None:
+        """Forget every layout, freeing its device buffers (the worker has unmapped them, or is gone;
+        freeing synchronises the device, which a stuck stream would never finish: those stay)."""
+        for buffer in (b for layout in self.layouts.values() for b in layout.buffers) if not self.stuck else ():
+            buffer.free(self.memory)
+        self.layouts = {}
+
     def _call_cuda(self, go: Go, staging: list, layout: _Layout):
-        """See the module's docstring. Whatever may synchronise this process's device (opening another
-        process's memory, allocating) is done before the gate's wait is queued, or after it is open:
-        behind the closed gate it would wait for the stream that waits for the gate."""
+        """The clock: docs/design.md, One call, and the clock. Whatever may synchronise this process's
+        device (opening another process's memory, allocating) is done before the gate's wait is queued,
+        or after it is open: behind the closed gate it would wait for the stream that waits for the gate."""
         memory, flags, stream = self.memory, self.flags, self.stream
         self._send(go)
         done = None
@@ -576,25 +589,3 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
         return bool(torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan()))
     return bool(torch.equal(a, b))
 
-
-
-#: A tiny kernel's launch and completion takes ~20 us on an idle H100; a device time-shared with
-#: another process's running kernel makes it wait for that process's time slice (milliseconds).
-_BUSY_MS = 0.5
-
-
-def other_work_ms(device: torch.device, rounds: int = 5) -> float | None:
-    """Milliseconds a tiny kernel waited to run and finish (median of ``rounds``) when another
-    process's work holds the device, else None: before a timing run on a device shared with
-    other jobs, whose processes are frozen but whose kernels already launched run on."""
-    if device.type != "cuda":
-        return None
-    probe = torch.zeros(1, device=device)
-    walls = []
-    for _ in range(rounds):
-        began = time.perf_counter_ns()
-        probe.add_(1)
-        torch.cuda.synchronize(device)
-        walls.append((time.perf_counter_ns() - began) / 1e6)
-    wall = statistics.median(walls)
-    return wall if wall > _BUSY_MS else None

@@ -1,6 +1,6 @@
 """Every message that crosses an evaluation process's boundary, typed; the standard library only.
 
-Three conversations, all of them here:
+Two conversations, both of them here:
 
 - **harness -> child** (any role): a command (``Setup``, ``RefTrials``, ``Drive``, ``Load``, ...) as a
   JSON line on the child's stdin; the child answers with a ``Reply`` on its reply pipe, signed
@@ -9,10 +9,10 @@ Three conversations, all of them here:
   answers come from a process that runs candidate code.
 - **judge <-> worker** (the call protocol, ``judge.py`` and ``worker.py``), on a socket of their
   own that the harness hands each of them (``Connect``): the judge sends ``Buffers`` (where the
-  inputs and the spill outputs live), ``Flags`` (the GPU's start and done words) and one ``Go`` per
-  call; the worker answers each ``Go`` with a ``Done`` naming where its outputs are. Nothing the
-  worker sends is trusted: a ``Done`` only says where to look, and the judge reads and judges the
-  memory itself.
+  inputs and the spill outputs live), ``Flags`` (the GPU's call number, nonce and done words), one
+  ``Go`` per call and ``Stop`` after a phase's calls; the worker answers each ``Go`` with a ``Done``
+  naming where its outputs are, then ``Settled``. Nothing the worker sends is trusted: a ``Done``
+  only says where to look, and the judge reads and judges the memory itself.
 
 Both sides import this module: the children as ``protocol`` (a sibling), the host as
 ``kernel_env.evaluators.child.protocol``. It never imports torch.
@@ -131,7 +131,7 @@ class RefTimeAnswer(Message):
 
 @dataclass
 class DeviceProbe(Message):
-    """How long another process's work holds the device (``timing.other_work_ms``)."""
+    """How long another process's work holds the device (``exchange.other_work_ms``)."""
 
 
 @dataclass
@@ -148,9 +148,9 @@ class Drive(Message):
 
     ``calibrate``: ``calls`` empty calls, before any candidate code exists in the worker: the
     round trip's fixed cost. ``trials``: the reference's trials, compared in full. ``warmup``:
-    ``calls`` calls, judged but not timed. ``time``: ``calls`` timed calls, each compared in full
-    where ``checked`` (secret; all by default), with an audited call after each position in
-    ``audit_at``."""
+    ``calls`` calls, neither judged nor timed. ``time``: ``calls`` timed calls, ``checked`` of them
+    (which ones is secret; a candidate's: all) compared in full, with an audited call after each
+    position in ``audit_at``."""
     phase: Phase
     calls: int = 0
     audit_at: list[int] = field(default_factory=list)
@@ -295,6 +295,18 @@ class Buffers(Message):
 
 
 @dataclass
+class Release(Message):
+    """(GPU.) The judge no longer uses these layouts: the worker closes its mappings of their buffers
+    and answers ``Released``; then the judge frees them (a big task's layouts would hold the device)."""
+    layouts: list[int]
+
+
+@dataclass
+class Released(Message):
+    """The worker's answer to ``Release``."""
+
+
+@dataclass
 class Flags(Message):
     """The GPU's call flags (``exchange.Flags``): a page the judge allocated, as an IPC handle."""
     handle: str
@@ -336,8 +348,9 @@ class Done(Message):
 
 @dataclass
 class Settled(Message):
-    """(A GPU worker, after each ``Done``.) Its device has finished the call's work, or failed it (``error``:
-    a fault in its kernels, which the judge's stream would otherwise wait for forever)."""
+    """(The worker, after each ``Done`` and a look around, outside the judge's clock.) It waits for the next
+    call; on a GPU its device has finished the call's work, or failed it (``error``: a fault in its
+    kernels, which the judge's stream would otherwise wait for forever)."""
     k: int
     error: str | None = None
 

@@ -112,15 +112,19 @@ class Reference:
                           for a, b in zip(inputs, pristine))
             self.mutates_inputs |= mutated
             if not kinds:
-                kept = self._kept([t.detach() for t in outputs])
+                call_bytes = sum(t.nbytes for t in [*pristine, *outputs] if isinstance(t, torch.Tensor))
+                kept = self._kept([t.detach() for t in outputs], call_bytes)
                 precise = self.precise(pristine, kept)
-                precise = self._kept(precise) if precise is not None else None
+                precise = self._kept(precise, call_bytes) if precise is not None else None
                 self.trials.append({"seed": seed, "variant": variant, "sequence": is_sequence(out),
                                     "expected": kept, "precise": precise})
                 output_bytes += sum(t.nbytes for t in kept)
                 answers.add(kept, pristine, precise)  # a trivial answer that passes either reference counts
             reports.append(ReferenceTrial(variant=variant, mutated_inputs=mutated, non_tensor_outputs=kinds))
             del out, outputs, inputs, pristine
+        # What the trials' inputs and outputs took goes back to the device, not to torch's cache: the
+        # shared buffers of the calls to come are the device's own allocations, which cannot use it.
+        torch.cuda.empty_cache()  # (nothing where CUDA was never initialised: the CPU)
         return RefTrialsAnswer(trials=reports, trivial=answers.reasons(), output_bytes=output_bytes)
 
     def _trial(self, seed: int, variant: str) -> tuple:
@@ -140,11 +144,13 @@ class Reference:
             torch.cuda.synchronize(self.device)
         return inputs, pristine, out
 
-    def _kept(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Copies (an output may be a view of an input or a buffer), on the device while it keeps a
-        quarter of its memory free for the candidate, else in this process's host memory."""
+    def _kept(self, outputs: list[torch.Tensor], call_bytes: int) -> list[torch.Tensor]:
+        """Copies (an output may be a view of an input or a buffer), on the device while it keeps free
+        a quarter of its memory, and at least three times what one call's inputs and outputs take
+        (``call_bytes``: a call's shared buffers, the judge's inputs and expected outputs, the
+        worker's outputs and the judge's copy of them), else in this process's host memory."""
         free, total = torch.cuda.mem_get_info(self.device) if self.device.type == "cuda" else (0, 0)
-        on_device = sum(t.nbytes for t in outputs) < free - total // 4
+        on_device = sum(t.nbytes for t in outputs) < free - max(total // 4, 3 * call_bytes)
         return [t.clone() if on_device else t.to("cpu", copy=True) for t in outputs]
 
     def time(self, calls: int, warmup: int, flush_bytes: int) -> list[float]:

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+import exchange  # noqa: E402
 import judge  # noqa: E402
 import protocol  # noqa: E402
 import worker  # noqa: E402
@@ -120,7 +121,7 @@ class Runner:
         return RefTimeAnswer(times_ms=self.reference.time(req.calls, req.warmup, req.flush_bytes))
 
     def device_probe(self, req: DeviceProbe) -> ProbeAnswer:
-        return ProbeAnswer(busy_ms=judge.other_work_ms(self.device))
+        return ProbeAnswer(busy_ms=exchange.other_work_ms(self.device))
 
     def drive(self, req: Drive):
         return self.judge.drive(req)

@@ -30,16 +30,31 @@ import exchange
 import guards
 import protocol
 from outputs import describe, flatten, is_plain, is_sequence
-from protocol import Buffers, Done, Findings, Flags, Go, Load, LoadAnswer, OutputRef, ServeAnswer, Settled, Stop
+from protocol import (
+    Buffers,
+    Done,
+    Findings,
+    Flags,
+    Go,
+    Load,
+    LoadAnswer,
+    OutputRef,
+    Release,
+    Released,
+    ServeAnswer,
+    Settled,
+    Stop,
+)
 
 
 class _Layout:
-    def __init__(self, inputs: list, spill: list, null: list):
-        self.inputs, self.spill, self.null = inputs, spill, null
+    def __init__(self, inputs: list, spill: list, null: list, handles: list[str]):
+        self.inputs, self.spill, self.null, self.handles = inputs, spill, null, handles
 
 
 class _Ops(NamedTuple):
     map: Callable
+    release: Callable
     call: Callable
     share: Callable
     audited: Callable
@@ -66,7 +81,7 @@ class Worker:
         self.processes: guards.Processes | None = None
         # The methods a call runs, bound now, before any candidate code exists in the process: a method
         # the candidate replaces on the class later is not the one that runs (the integrity check names it).
-        self.ops = _Ops(Worker._map, Worker._call, Worker._share, Worker._audited, Worker._look_around, Worker._settle)
+        self.ops = _Ops(Worker._map, Worker._release, Worker._call, Worker._share, Worker._audited, Worker._look_around, Worker._settle)
 
     def connect(self, link: protocol.Link) -> None:
         self.link = link
@@ -149,13 +164,16 @@ class Worker:
 
     def _serve(self) -> ServeAnswer:
         while True:
-            message, fds = self.link.recv((Buffers, Flags, Go, Stop))
+            message, fds = self.link.recv((Buffers, Flags, Go, Release, Stop))
             if isinstance(message, Stop):
                 break
             if isinstance(message, Flags):
                 self.flags[:] = [exchange.Flags(self.memory, message.handle)]
             elif isinstance(message, Buffers):
                 self.ops.map(self, message, fds)
+            elif isinstance(message, Release):
+                self.ops.release(self, message)
+                self.link.send(Released())
             else:
                 self.link.send(self.ops.call(self, message))
                 # Then, outside the judge's clock: the device done with the call (or failed), a look around,
@@ -187,7 +205,16 @@ class Worker:
         # A calibration call's outputs: the worker's own memory on a GPU (read as a real call's are),
         # the spill buffers on the CPU.
         null = [torch.zeros_like(t) for t in spill] if self.cuda else spill
-        self.layouts[message.layout] = _Layout([tensor(s) for s in message.inputs], spill, null)
+        self.layouts[message.layout] = _Layout([tensor(s) for s in message.inputs], spill, null,
+                                               [spec.handle for spec in specs if self.cuda])
+
+    def _release(self, message: Release) -> None:
+        """Unmap the layouts the judge will free (the worker's copies of their outputs with them)."""
+        for number in message.layouts:
+            layout = self.layouts.pop(number, None)
+            for handle in layout.handles if layout else ():
+                self.memory.close(handle)
+        torch.cuda.empty_cache()
 
     def _call(self, go: Go) -> Done:
         layout = self.layouts[go.layout]

@@ -162,6 +162,19 @@ def test_an_honest_kernel_is_correct_when_the_judge_keeps_the_reference_in_host_
     assert result.correct and result.error is None and result.runtime_ms, result.summary()
 
 
+def test_a_task_whose_calls_take_a_fifth_of_the_device_is_judged_alone_and_correct(pool, tmp_path):
+    """KernelBench's level-1 elementwise problems, sized for an 80 GB H100, take 6.4 GB a tensor. The
+    judge kept their trials' outputs on the device while a quarter of it stayed free, and torch kept
+    what the trials had used: run alone on an H100, the candidate's call found no memory left (an
+    honest ReLU paid -1; five more problems evaluator faults). Here each tensor is 6 % of this
+    device, whichever it is."""
+    element_count = torch.cuda.mem_get_info()[1] * 6 // 100 // 4
+    task = Task(id="example/relu_add_6pct", source="example",
+                code=resolve_task("example/relu_add").code.replace("N = 1 << 24", f"N = {element_count}"))
+    result = _evaluate(pool, task, _triton_solution(tmp_path, "relu_add_int64"), mode=Mode.PROFILE)
+    assert result.correct and result.error is None and result.runtime_ms, result.summary()
+
+
 def test_the_compare_brings_a_host_reference_to_the_candidates_device():
     ref = torch.randn(3, 1000)
     cand = ref.cuda()
@@ -184,6 +197,9 @@ def test_diag_matmul_row_scaling_reaches_reward_3(pool, tmp_path):
     task = Task(id="kernelbench/L1/12", code=(SOLUTIONS / "diag_matmul_task.py").read_text(), source="kernelbench", level=1)
     result = _evaluate(pool, task, _triton_solution(tmp_path, "diag_matmul_rowscale"))
     assert result.correct and result.reward == 3, result.summary()
+    # Paid only against both baselines timed again after it (harness._Script.confirm_speedup).
+    for kind in ("eager", "compile"):
+        assert f"baseline worker (confirming a speed-up): {kind} timing" in result.steps_s, result.steps_s
 
 
 def test_cuda_extension_example_builds_and_is_fast(pool):
