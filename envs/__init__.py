@@ -36,7 +36,8 @@ def make(env_id: str, **kwargs) -> gymnasium.Env:
     Args:
         env_id: ``KernelAgent-v0`` or ``KernelRefine-v0``, with or without the ``kernel_env/``
             prefix.
-        **kwargs: the environment's keyword arguments (``KernelAgentEnv``, ``KernelRefineEnv``).
+        **kwargs: the environment's keyword arguments: ``kernel_env.envs.agent.KernelAgentEnv``'s or
+            ``kernel_env.envs.refine.KernelRefineEnv``'s (``help()`` on either lists them).
 
     Returns:
         The environment, not yet reset.

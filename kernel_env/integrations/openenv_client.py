@@ -20,9 +20,14 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from openenv.core.client_types import StepResult
-from openenv.core.env_client import EnvClient
-from openenv.core.env_server.types import Action, Observation, State
+try:
+    from openenv.core.client_types import StepResult
+    from openenv.core.env_client import EnvClient
+    from openenv.core.env_server.types import Action, Observation, State
+except ModuleNotFoundError as exc:  # the extra is not installed
+    raise ModuleNotFoundError(f"kernel_env.integrations.openenv_client needs openenv-core ({exc}); "
+                              "install it with: pip install 'kernel_env[serve]' (or openenv-core==0.3.0 alone)",
+                              name=exc.name) from exc
 from pydantic import Field
 
 
