@@ -52,7 +52,7 @@ class BaselineCache:
         with self._lock:
             stored = self.get(key)
             if stored is not None:
-                eager, compiled = faster(stored[0], eager), faster(stored[1], compiled)
+                eager, compiled = faster_of(stored[0], eager), faster_of(stored[1], compiled)
             self.directory.mkdir(parents=True, exist_ok=True)
             record = {"eager": eager.model_dump(), "compile": compiled.model_dump() if compiled else None}
             fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
@@ -62,7 +62,7 @@ class BaselineCache:
             return eager, compiled
 
 
-def faster(first: Timing | None, second: Timing | None) -> Timing | None:
+def faster_of(first: Timing | None, second: Timing | None) -> Timing | None:
     """The timing with the smaller median (either, where the other is missing)."""
     if first is None or second is None:
         return first or second

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from kernel_env.evaluators.baselines import BaselineCache, faster as faster_timing
+from kernel_env.evaluators.baselines import BaselineCache, faster_of
 from kernel_env.evaluators.child.protocol import (
     CallRecord,
     Connect,
@@ -236,8 +236,8 @@ class _Script:
         self.jb.candidate_exposed = False
         timed = self.time_baselines("baseline worker (confirming a speed-up)", claimed)
         result.eager, result.compiled_baseline = self.baselines.put(
-            self.baseline_key, faster_timing(result.eager, timed.get("eager")),
-            faster_timing(result.compiled_baseline, timed.get("compile")))
+            self.baseline_key, faster_of(result.eager, timed.get("eager")),
+            faster_of(result.compiled_baseline, timed.get("compile")))
 
     def start_worker(self, label: str) -> Child:
         """A worker connected to the judge, with the reference's weights and init inputs, and the
