@@ -65,3 +65,48 @@ class GpuSampler:
     def minimum(self, field: str, start: float, end: float) -> float | None:
         values = [s[field] for s in self.samples_between(start, end) if field in s]
         return min(values) if values else None
+
+
+def do_bench_times(task_code: str, solution_code: str) -> dict[str, dict[str, float]]:
+    """The independent peers, in this process, on one input set: Triton's ``do_bench`` medians (ms) of
+    the task's Model (``eager``), ``torch.compile`` of it (``compile``) and the solution's ModelNew
+    (``candidate``), under "do_bench" (events around each call, the L2 flushed between calls: a small
+    kernel's time holds its host launches); ``do_bench_cudagraph``'s under "cudagraph" (a CUDA
+    graph's replays: the device's time alone, but with the inputs left in the L2 by the call before);
+    and under "cold_graph", a graph of the L2 flush and the call less a graph of the flush alone: the
+    device's time on cold caches, as kernel_env times a call (queued ahead of its start, after a
+    flush)."""
+    import importlib.util
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    import triton.testing
+
+    folder = Path(tempfile.mkdtemp())
+    loaded = {}
+    for name, code in (("task", task_code), ("model_new", solution_code)):
+        (folder / f"{name}.py").write_text(code)  # Triton needs a kernel's source file
+        spec = importlib.util.spec_from_file_location(f"_peer_{name}", folder / f"{name}.py")
+        loaded[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded[name])
+    task = loaded["task"]
+    torch.manual_seed(0)
+    init = task.get_init_inputs()
+    with torch.device("cuda"):
+        inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
+    torch.manual_seed(0)
+    model = task.Model(*init).cuda().eval()
+    torch.manual_seed(0)
+    candidate = loaded["model_new"].ModelNew(*init).cuda().eval()
+    compiled = torch.compile(model)
+    found: dict[str, dict[str, float]] = {"do_bench": {}, "cudagraph": {}, "cold_graph": {}}
+    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    with torch.no_grad(), torch.cuda.stream(torch.cuda.Stream()):
+        flush = triton.testing.do_bench_cudagraph(lambda: cache.zero_(), return_mode="median")
+        for name, run in (("eager", model), ("compile", compiled), ("candidate", candidate)):
+            found["do_bench"][name] = triton.testing.do_bench(lambda run=run: run(*inputs), return_mode="median")
+            found["cudagraph"][name] = triton.testing.do_bench_cudagraph(lambda run=run: run(*inputs), return_mode="median")
+            both = triton.testing.do_bench_cudagraph(lambda run=run: (cache.zero_(), run(*inputs)), return_mode="median")
+            found["cold_graph"][name] = both - flush
+    return found

@@ -40,6 +40,14 @@ task's size (``--elements 67108864``: a ~270 us kernel on an H100, against ~20 u
 ``--matmul N`` plays the same policy on another task, an N x N float32 matmul with a tiled Triton
 solution (``tasks/matmul``): milliseconds of device work per call, so a job is mostly device work.
 
+``--candidates bundled,eager`` runs each count with each candidate in turn: the bundled Triton
+kernel, and the task's own Model as ModelNew (``eager``: judged with ``own_kernels_only`` off, as
+benchmarks/kernelbench.py does, so torch may compute). On a GPU each run reports how many episodes
+were paid the milestone do_bench's ratios give (``paid_as_do_bench``: Triton's
+CUDA graphs (``_gpu.do_bench_times``, "cold_graph": the device's time on cold caches, as
+kernel_env's is, without the host's launches) time the candidate, eager and torch.compile in this
+process first; the eager candidate's is 1): one kernel, one reward.
+
 ``--pools local:1,ray:2`` runs each count through each pool in turn, in the same process: the
 local pool on the first GPU, then the Ray pool (``pool="ray"``) on a local Ray cluster given two
 GPUs: one actor per GPU running a local pool of it, so ``--jobs-per-gpu`` applies to both. Each Ray
@@ -56,6 +64,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import time
@@ -64,14 +73,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from _gpu import (
-    GpuSampler,  # benchmarks/_gpu.py and _memory.py: run as a script, this folder is on sys.path
+from _gpu import (  # benchmarks/_gpu.py and _memory.py: run as a script, this folder is on sys.path
+    GpuSampler,
+    do_bench_times,
 )
 from _memory import TreeMemory
 
 import kernel_env
 from kernel_env.config import jobs_per_gpu
 from kernel_env.evaluators.records import EvalSettings
+from kernel_env.evaluators.reward import milestone_reward
 from kernel_env.resources import example_dir
 from kernel_env.runtime.pool import SHORT_OF_MEMORY_STEP, GpuPool, LocalPool, RayPool
 from kernel_env.tasks import Task
@@ -121,12 +132,23 @@ class PoolSpec:
         return LocalPool([f"cuda:{i}" for i in range(self.gpus)] or ["cpu"], jobs_per_gpu=jobs_per_gpu)
 
 
-def policy() -> list[dict]:
+def candidate_code(candidate: str) -> str:
+    """The model_new.py a candidate writes: the bundled solution, or the task's own Model renamed."""
+    if candidate == "eager":
+        return re.sub(r"\bModel\b", "ModelNew", TASK.code)
+    return SOLUTION
+
+
+def candidate_settings(candidate: str) -> EvalSettings:
+    return SETTINGS.model_copy(update={"own_kernels_only": False}) if candidate == "eager" else SETTINGS
+
+
+def policy(candidate: str = "bundled") -> list[dict]:
     """The scripted episode's actions, writing the configured task's solution."""
     return [
         {"name": "Bash", "arguments": {"command": "ls -la && head -n 5 SKILL.md"}},
         {"name": "Read", "arguments": {"file_path": "model_new.py"}},
-        {"name": "Write", "arguments": {"file_path": "model_new.py", "content": SOLUTION}},
+        {"name": "Write", "arguments": {"file_path": "model_new.py", "content": candidate_code(candidate)}},
         {"name": "Bash", "arguments": {"command": "bash utils/compile.sh"}},
         {"name": "Finish", "arguments": {"summary": "one Triton kernel"}},
     ]
@@ -147,11 +169,11 @@ class EpisodeTimes:
     error: str | None = None
 
 
-async def episode(index: int, pool: GpuPool | None = None) -> EpisodeTimes:
+async def episode(index: int, pool: GpuPool | None = None, candidate: str = "bundled") -> EpisodeTimes:
     """One scripted episode; a failure is recorded, not raised (the benchmark counts errors)."""
-    times, actions = EpisodeTimes(), policy()
+    times, actions = EpisodeTimes(), policy(candidate)
     env = kernel_env.make("KernelAgent-v0", task=TASK, language="triton", device=DEVICE, max_turns=len(actions) + 5,
-                          settings=SETTINGS, pool=pool)
+                          settings=candidate_settings(candidate), pool=pool)
     try:
         started = time.perf_counter()
         await env.areset()
@@ -256,7 +278,8 @@ def _mean_steps(results: list[EpisodeTimes], top: int = 10) -> dict[str, float]:
     return {name: round(seconds, 3) for name, seconds in sorted(means.items(), key=lambda kv: -kv[1])[:top]}
 
 
-async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec) -> dict:
+async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec, candidate: str = "bundled",
+              expected: int | None = None) -> dict:
     slots = asyncio.Semaphore(concurrency)
     evaluator = spec.open(jobs_per_gpu)
     if isinstance(evaluator, RayPool):  # each actor starts its fork server with its first job: one per GPU
@@ -266,7 +289,7 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec) -
     async def limited(index: int) -> EpisodeTimes:
         nonlocal done
         async with slots:
-            times = await episode(index, evaluator)
+            times = await episode(index, evaluator, candidate)
         done += 1
         if done % max(1, count // 8) == 0 or times.error:
             print(f"  {done}/{count} episodes done; episode {index}: finish {times.finish_s:.1f} s "
@@ -293,7 +316,8 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec) -
     busy = [[s["utilization.gpu"] for begin, end in demand for s in gpu.samples_between(begin, end)] for gpu in gpus]
     samples = [sample for per_gpu in busy for sample in per_gpu]
     return {
-        "pool": spec.kind, "gpus": spec.gpus,
+        "pool": spec.kind, "gpus": spec.gpus, "candidate": candidate, "expected_reward": expected,
+        "paid_as_do_bench": None if expected is None else sum(1 for r in results if r.reward == expected),
         "episodes": count, "concurrency": concurrency, "jobs_per_gpu": jobs_per_gpu, "wall_s": round(wall, 1),
         "episodes_per_hour": round(3600 * count / wall),
         "jobs": len(pool.jobs), "jobs_waiting_or_running_s": round(_length(demand), 1),
@@ -358,6 +382,8 @@ def main() -> None:
     parser.add_argument("--elements", type=int, help="the task's size (default: 4M on a GPU, 4096 on the CPU); "
                         "a larger one makes each job more device work")
     parser.add_argument("--matmul", type=int, metavar="N", help="an N x N float32 matmul instead of relu(x + y)")
+    parser.add_argument("--candidates", default="bundled", help="bundled, eager, or both (comma-separated): what the "
+                        "episodes write (eager: the task's own Model as ModelNew)")
     parser.add_argument("--json", type=Path, default=Path("concurrent_episodes.json"))
     args = parser.parse_args()
     configure(args.device, args.elements, args.matmul)
@@ -379,19 +405,34 @@ def main() -> None:
                   "runs": dict(runs), "comparisons": _comparisons(runs[1:])}
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 
+    candidates = args.candidates.split(",")
+    if not set(candidates) <= {"bundled", "eager"}:
+        parser.error("--candidates: bundled, eager or both")
+    expected = {candidate: None for candidate in candidates}
+    if args.device == "cuda":
+        peers = do_bench_times(TASK.code, SOLUTION)
+        peer, margin = peers["cold_graph"], SETTINGS.speedup_margin  # the device's time on cold caches, as kernel_env's
+        expected = {"bundled": milestone_reward(True, peer["candidate"], peer["eager"], peer["compile"], margin), "eager": 1}
+        for kind, times in peers.items():
+            print(f"{kind}: candidate {times['candidate'] * 1e3:.1f} us, eager {times['eager'] * 1e3:.1f} us, torch.compile "
+                  f"{times['compile'] * 1e3:.1f} us", flush=True)
+        print(f"the bundled kernel's milestone by the cold graphs' times: {expected['bundled']}", flush=True)
+
     async def all_runs() -> list[tuple[str, dict]]:
         await episode(-1)  # warm up: the baseline cache, Python's imports, the file cache
-        runs = [("sequential", await run(args.baseline_episodes, 1, 1, PoolSpec("local", min(visible, 1))))]
+        runs = [("sequential", await run(args.baseline_episodes, 1, 1, PoolSpec("local", min(visible, 1)), candidates[0],
+                                         expected[candidates[0]]))]
         write(runs)
         for count in counts:
             for spec in pools:
                 for jobs in sharing:
-                    name = f"{count} at once, {spec.label(jobs)}"
-                    runs.append((name, await run(count, count, jobs, spec)))
-                    row = runs[-1][1]
-                    print(f"{name}: {row['wall_s']} s, {row['episodes_per_hour']} episodes/hour, {row['errors']} wrong",
-                          flush=True)
-                    write(runs)
+                    for candidate in candidates:
+                        name = f"{count} at once, {spec.label(jobs)}" + (f", {candidate}" if len(candidates) > 1 else "")
+                        runs.append((name, await run(count, count, jobs, spec, candidate, expected[candidate])))
+                        row = runs[-1][1]
+                        print(f"{name}: {row['wall_s']} s, {row['episodes_per_hour']} episodes/hour, {row['errors']} wrong, "
+                              f"rewards {row['reward_counts']}", flush=True)
+                        write(runs)
         return runs
 
     runs = asyncio.run(all_runs())
@@ -417,8 +458,10 @@ def main() -> None:
               f"jobs run again alone, short of device memory: {row['run_again_alone']}; final evaluations on: {devices}")
         print("  final evaluation, mean s: " + ", ".join(f"{step} {s}" for step, s in row["evaluation_steps_s"].items()))
         times = row["runtime_ms"] or {}
+        paid = "" if row["expected_reward"] is None else \
+            f" ({row['paid_as_do_bench']}/{row['episodes']} paid {row['expected_reward']}, do_bench's milestone)"
         print(f"  the candidate's final time, ms: median {times.get('median')} (p10 {times.get('p10')}, p90 {times.get('p90')}); "
-              f"rewards {row['reward_counts']}; freezing and thawing children {row['freezing_s']} s")
+              f"rewards {row['reward_counts']}{paid}; freezing and thawing children {row['freezing_s']} s")
     for _, row in runs:
         for sample in row["error_samples"]:
             print(f"error: {sample}")

@@ -79,8 +79,8 @@ def record(task: Task, result: EvalResult, published: dict) -> dict:
     row = {"id": task.id, "level": task.level, "file": file, "correct": result.correct, "reward": result.reward,
            "fault": result.fault, "error": result.error, "violations": result.violations,
            "candidate_ms": result.runtime_ms, "eager_ms": ours["eager"], "compile_ms": ours["compile"],
-           "candidate_spread": result.runtime.relative_spread if result.runtime else None,
-           "eager_spread": result.eager.relative_spread if result.eager else None,
+           "candidate_sem_ms": result.runtime.sem_ms if result.runtime else None,
+           "eager_sem_ms": result.eager.sem_ms if result.eager else None,
            "close_calls": result.close_calls, "seconds": round(result.duration_s, 2),
            "steps_s": {name: round(s, 3) for name, s in result.steps_s.items()}}
     row["candidate_over_eager"] = _ratio(result.runtime_ms, ours["eager"])

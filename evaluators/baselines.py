@@ -1,13 +1,13 @@
-"""Baseline timings (eager PyTorch and torch.compile), measured once and cached on disk.
+"""The torch.compile baseline, timed once per task and cached on disk, with the eager time it was timed beside.
 
 Keyed by (task content hash, device name, torch version, timing protocol version and the
 settings a timing depends on): a different GPU model, torch build or timing protocol is a
-different baseline. Measured by the same protocol as candidates: a worker process runs the task's
-Model (or torch.compile of it) and the judge times its calls (``child/judge.py``).
-
-An entry only ever gets faster: a job whose candidate seems faster than the baselines times them
-again after it and keeps the faster of each (``harness._Script.confirm_speedup``), so a baseline
-timed during a disturbance pays no speed-up.
+different baseline. The judge times the task's Model and torch.compile of it in its own process,
+their calls alternating (``RefTime``), so the two share whatever pace the machine had; a job
+uses the compiled time scaled by its own eager time over the cached one (``clock.scaled``). The
+eager time a candidate is held against is never the cache's: every timed job times it anew, beside
+the candidate's yardstick (``harness._Script.yardstick``). Nothing here is a minimum of many
+timings: an estimate that only ever moves one way drifts from the truth as timings accumulate.
 """
 
 from __future__ import annotations
@@ -47,12 +47,8 @@ class BaselineCache:
         return Timing(**record["eager"]), Timing(**compiled) if compiled else None
 
     def put(self, key: str, eager: Timing, compiled: Timing | None) -> tuple[Timing, Timing | None]:
-        """Store the timings, each where it is faster than the one stored (jobs confirming at once);
-        returns what is stored."""
+        """Store the two timings (timed together); returns them."""
         with self._lock:
-            stored = self.get(key)
-            if stored is not None:
-                eager, compiled = faster_of(stored[0], eager), faster_of(stored[1], compiled)
             self.directory.mkdir(parents=True, exist_ok=True)
             record = {"eager": eager.model_dump(), "compile": compiled.model_dump() if compiled else None}
             fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
@@ -60,10 +56,3 @@ class BaselineCache:
                 json.dump(record, handle)
             os.replace(tmp, self._path(key))
             return eager, compiled
-
-
-def faster_of(first: Timing | None, second: Timing | None) -> Timing | None:
-    """The timing with the smaller median (either, where the other is missing)."""
-    if first is None or second is None:
-        return first or second
-    return min(first, second, key=lambda timing: timing.median_ms)

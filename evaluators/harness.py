@@ -7,9 +7,10 @@ call's inputs under a secret seed, runs the reference, hands the inputs to the w
 starts, reads the worker's outputs itself and compares them in full, and times the call on its
 own clock (``child/judge.py``). The reward depends on nothing else: what the worker reports
 (where its outputs are, what its audit saw) can name memory for the judge to read or add a
-violation, never raise a reward. The eager and torch.compile baselines are timed the same way,
-through a worker that runs the task's Model, so the round trip's fixed cost is the same for all
-three and is calibrated out of each (docs/design.md, The trusted evaluation).
+violation, never raise a reward. The eager and torch.compile baselines are timed in the judge's own
+process; the candidate's time is eager's plus the difference between its calls and the task's
+Model's calls through the same worker process, made before any candidate code existed there (the
+yardstick: ``clock.py``; docs/design.md, One call, and the clock).
 
 This process never imports candidate code and never reads a candidate's output. It applies the
 source and module rules before anything runs (``static_rules.py``, ``module_rules.py``), turns what
@@ -24,14 +25,14 @@ import json
 import secrets
 import shutil
 import socket
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from kernel_env.evaluators.baselines import BaselineCache, faster_of
+from kernel_env.evaluators import clock
+from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.child.protocol import (
     CallRecord,
     Connect,
@@ -43,6 +44,8 @@ from kernel_env.evaluators.child.protocol import (
     Load,
     LoadAnswer,
     RefInit,
+    RefTime,
+    RefTimeAnswer,
     RefTrials,
     RefTrialsAnswer,
     ServeAnswer,
@@ -53,7 +56,7 @@ from kernel_env.evaluators.children import Child, ChildError, CommandFailed
 from kernel_env.evaluators.job import SPARES, Job, JobFailed, lost_with_its_server
 from kernel_env.evaluators.module_rules import read_untrusted
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode, Timing, TrialReport
-from kernel_env.evaluators.reward import faster
+from kernel_env.evaluators.reward import close_calls
 from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.evaluators.static_rules import check_sources
 from kernel_env.evaluators.verdict import conclude
@@ -111,7 +114,8 @@ def _concluded(result: EvalResult, job: EvalJob, started: float) -> EvalResult:
 
 def measure_baselines(task_id: str, task_code: str, *, device: str = "cpu", baselines: BaselineCache | None = None,
                       settings: EvalSettings | None = None) -> EvalResult:
-    """Fill the baseline cache for one task (eager and torch.compile, the candidates' protocol).
+    """Time one task's baselines (eager, and torch.compile unless the settings leave it out) in a
+    judge's own process, as a job does; the compiled time is cached (``baselines.py``).
 
     Returns an EvalResult carrying only ``eager``/``compiled_baseline`` (or ``error``)."""
     job = EvalJob(job_id="baseline", task_id=task_id, task_code=task_code, language="cpp", device=device.split(":")[0],
@@ -121,7 +125,9 @@ def measure_baselines(task_id: str, task_code: str, *, device: str = "cpu", base
     script = _Script(jb, baselines or BaselineCache())
     try:
         setup = script.run_reference(trials=False)
-        result.eager, result.compiled_baseline = script.baseline_times(setup)
+        script.cached_compile(setup)
+        result.eager = clock.local(script.time_locally("judge: eager timing", ["eager"])["eager"])
+        result.compiled_baseline = script.compiled_at(result.eager)
     except JobFailed:
         pass
     finally:
@@ -141,6 +147,10 @@ class _Script:
         self.jb, self.baselines = jb, baselines
         self.job, self.result, self.s = jb.job, jb.result, jb.s
         self.init_seed = secrets.randbits(31)
+        #: torch.compile's time and eager's timed beside it (``cached_compile``)
+        self.compile_pair: tuple[Timing, Timing] | None = None
+        #: the Model's calls through the candidate's worker, and the judge's own beside them (``yardstick``)
+        self.yardstick_calls: tuple[list[float], list[float]] | None = None
 
     def run(self) -> None:
         jb, snapshot = self.jb, self.job.snapshot_dir
@@ -155,7 +165,7 @@ class _Script:
             jb.fail("the sources break the skill's rules (see the violations); nothing was run", fault="candidate")
         setup = self.run_reference(trials=True)
         if jb.timed:
-            self.result.eager, self.result.compiled_baseline = self.baseline_times(setup)
+            self.cached_compile(setup)
         self.run_candidate()
 
     # ------------------------------------------------------------------ the reference (the judge)
@@ -193,55 +203,47 @@ class _Script:
         self.reference = answer
         return setup
 
-    def baseline_times(self, setup: SetupAnswer) -> tuple[Timing, Timing | None]:
-        """Eager and torch.compile, timed as candidates are (a worker running the task's Model), or the cache's."""
-        self.baseline_key = self.baselines.key(self.job.task_code, setup.device_name, setup.torch, self.s.timing_protocol())
-        cached = self.baselines.get(self.baseline_key)
-        # An entry measured without the compile baseline does not serve a job that wants one.
-        if cached and (cached[1] is not None or not self.s.compile_baseline):
-            return cached
-        timed = self.time_baselines("baseline worker", ("eager", "compile") if self.s.compile_baseline else ("eager",))
-        return self.baselines.put(self.baseline_key, timed["eager"], timed.get("compile"))
+    # ------------------------------------------------------------------ the baselines (the judge's own process)
 
-    def time_baselines(self, label: str, kinds: tuple[str, ...]) -> dict[str, Timing]:
-        jb = self.jb
-        worker = self.start_worker(label)
-        timings = {}
-        for kind in kinds:
-            loaded = jb.ask(worker, self.load(worker, kind), LoadAnswer, f"building the {kind} baseline",
-                            timeout=self.s.job_timeout_s)
-            if loaded.error:
-                jb.fail(f"the {kind} baseline could not be built: {loaded.error}")
-            self.calls(worker, Drive(phase="warmup", calls=self.s.warmup_calls, flush_bytes=self._flush_bytes()),
-                       f"{label}: {kind} warm-up", self.s.job_timeout_s)
-            driven, _ = self.calls(worker, Drive(phase="time", calls=self.s.timed_calls, flush_bytes=self._flush_bytes()),
-                                   f"{label}: {kind} timing", self.s.job_timeout_s, timing=True)
-            timings[kind] = _timing([r.time_ms for r in driven.calls if r.kind == "timed"], driven.calibration_ms)
-        jb.discard(worker)
-        return timings
-
-    def confirm_speedup(self, candidate: Child) -> None:
-        """A speed-up is paid only against baselines timed again after the candidate's, once its
-        process is gone: each baseline the candidate seems faster than by the margin is the faster
-        of its first timing (cached, or timed before the candidate) and a new one, and the cache
-        keeps that one. A disturbance (a busy processor, another process's work on the device) only
-        ever makes a timing slower, so a baseline timed during one pays no speed-up, once or for good."""
-        result, margin = self.result, self.s.speedup_margin
-        claimed = tuple(kind for kind, baseline_ms in (("eager", result.eager_ms), ("compile", result.compile_ms))
-                        if faster(result.runtime_ms, baseline_ms, margin))
-        if not claimed:
+    def cached_compile(self, setup: SetupAnswer) -> None:
+        """torch.compile's time with the eager time timed beside it, from the cache or timed now in the
+        judge's process (compiled first, outside the timing run: a compile is seconds of processor)."""
+        if not self.s.compile_baseline:
             return
-        self.jb.discard(candidate)
-        # A failure from here on is the evaluator's: it would pay the candidate nothing, not its milestone.
-        self.jb.candidate_exposed = False
-        timed = self.time_baselines("baseline worker (confirming a speed-up)", claimed)
-        result.eager, result.compiled_baseline = self.baselines.put(
-            self.baseline_key, faster_of(result.eager, timed.get("eager")),
-            faster_of(result.compiled_baseline, timed.get("compile")))
+        key = self.baselines.key(self.job.task_code, setup.device_name, setup.torch, self.s.timing_protocol())
+        cached = self.baselines.get(key)
+        if cached is None or cached[1] is None:
+            self.time_locally("judge: compile the baseline", ["compile"], calls=0)
+            times = self.time_locally("judge: baselines timing", ["eager", "compile"])
+            cached = self.baselines.put(key, clock.local(times["eager"]), clock.local(times["compile"]))
+        self.compile_pair = cached
+
+    def compiled_at(self, eager: Timing) -> Timing | None:
+        """torch.compile's cached time at this job's pace: scaled by this job's eager time over the eager
+        time cached beside it."""
+        if self.compile_pair is None:
+            return None
+        cached_eager, compiled = self.compile_pair
+        return clock.scaled(compiled, eager.median_ms / cached_eager.median_ms)
+
+    def time_locally(self, name: str, models: list[str], *, calls: int | None = None) -> dict[str, list[float]]:
+        """The judge's own calls of ``models`` (``RefTime``); a timing run unless ``calls=0`` (warm-up only)."""
+        jb, s = self.jb, self.s
+        command = RefTime(calls=s.timed_calls if calls is None else calls, warmup=s.warmup_calls if calls == 0 else 1,
+                          flush_bytes=self._flush_bytes(), models=models)
+
+        def run() -> dict[str, list[float]]:
+            try:
+                return self.judge.call(command, RefTimeAnswer, s.job_timeout_s, yields=calls == 0).times_ms
+            except (ChildError, CommandFailed) as exc:
+                jb.fail(f"timing the task's baselines ({', '.join(models)}) failed: {exc}; not your code's fault",
+                        log=self.judge.log_tail(), fault="evaluator")
+
+        return _in_step(jb, name, run) if calls == 0 else jb.timing_step(self.judge, name, run)
 
     def start_worker(self, label: str) -> Child:
-        """A worker connected to the judge, with the reference's weights and init inputs, and the
-        round trip calibrated (for a timed job): all before any candidate file reaches it."""
+        """A worker connected to the judge, with the reference's weights and init inputs, and for a timed
+        job the yardstick (``yardstick``): all before any candidate file reaches it."""
         jb = self.jb
         worker = jb.child("worker")
         jb.ask(worker, Setup(device=jb.child_device, out_dir=worker.path("/job/cand"), task_code=self.job.task_code,
@@ -258,26 +260,48 @@ class _Script:
             for name in ("init_inputs.pt", "state_dict.pt"):
                 shutil.copy2(self.ref_dir / name, work_dir / name)
         if jb.timed:
-            self.calls(worker, Drive(phase="calibrate", calls=self.s.calibration_calls, flush_bytes=self._flush_bytes()),
-                       f"{label}: calibrate", self.s.step_timeout_s, timing=True)
+            self.yardstick(worker, label)
         return worker
+
+    def yardstick(self, worker: Child, label: str) -> None:
+        """The task's Model through ``worker``, timed as the candidate will be, before any candidate code
+        exists there, with the judge's own calls of it beside (this job's eager time): the candidate's
+        time is eager's plus the difference through the one process (``clock.relative``), in which the
+        round trip, whatever its size in this process, cancels."""
+        jb, s = self.jb, self.s
+        loaded = jb.ask(worker, self.load(worker, "eager"), LoadAnswer, f"building the task's Model in the {label} process")
+        if loaded.error:
+            jb.fail(f"the task's Model could not be built in the {label} process: {loaded.error}; not your code's fault",
+                    fault="evaluator")
+        self.calls(worker, Drive(phase="warmup", calls=s.warmup_calls, flush_bytes=self._flush_bytes()),
+                   f"{label}: yardstick warm-up", s.step_timeout_s)
+        driven, _ = self.calls(worker, Drive(phase="time", calls=s.timed_calls, flush_bytes=self._flush_bytes(),
+                                             own_share=not jb.gpu), f"{label}: yardstick", s.job_timeout_s, timing=True)
+        self.yardstick_calls = _times(driven.calls, "timed"), _times(driven.calls, "local")
+        # On a GPU eager's own time in the judge's process; on the CPU, where a model's speed depends on its
+        # process, eager's in this worker: the yardstick less the judge's own share (``clock.through_worker``).
+        self.result.eager = clock.local(self.yardstick_calls[1]) if jb.gpu else \
+            clock.through_worker(self.yardstick_calls[0], _times(driven.calls, "share"))
+        self.result.compiled_baseline = self.compiled_at(self.result.eager)
 
     def load(self, worker: Child, kind: str) -> Load:
         work_dir = worker.path("/job/cand")
         return Load(kind=kind, init_inputs=f"{work_dir}/init_inputs.pt", state_dict=f"{work_dir}/state_dict.pt",
                     init_seed=self.init_seed, snapshot=worker.path("/job/snapshot"), language=self.jb.language.name)
 
-    def calls(self, worker: Child, drive: Drive, name: str, timeout: float, *, timing: bool = False
-              ) -> tuple[DriveAnswer, ServeAnswer]:
+    def calls(self, worker: Child, drive: Drive, name: str, timeout: float, *, timing: bool = False,
+              then: Callable[[DriveAnswer, ServeAnswer], Drive | None] | None = None) -> tuple[DriveAnswer, ServeAnswer]:
         """One phase of calls between the judge and ``worker``; ends the job where it broke off. Once
         the candidate is in the worker, whatever stops the calls is its fault (it could cause any of
-        it), but a fork server's end."""
+        it), but a fork server's end. ``then``: given each phase's answers, the next phase to run in
+        the same step (a timing run's further calls, with the device still held), or None; returns
+        the last phase's answers."""
         jb = self.jb
         doing = "running ModelNew" if jb.candidate_exposed else f"{name}"
 
-        def run() -> tuple[DriveAnswer, ServeAnswer]:
+        def phase(drive: Drive) -> tuple[DriveAnswer, ServeAnswer]:
             try:
-                return jb.converse(self.judge, worker, drive, timeout, yields=not timing)
+                driven, served = jb.converse(self.judge, worker, drive, timeout, yields=not timing)
             except ChildError as exc:
                 lost = lost_with_its_server(worker) or lost_with_its_server(self.judge)
                 if "took longer than" in str(exc) and jb.candidate_exposed:
@@ -286,16 +310,24 @@ class _Script:
                 jb.fail(f"{doing} failed: {exc}", log=worker.log_tail(), fault=lost)
             except CommandFailed as exc:
                 jb.fail(f"{doing} failed: {exc}", log=worker.log_tail())
+            if driven.worker_error:
+                jb.fail(driven.worker_error, log=worker.log_tail())
+            if driven.error:
+                jb.fail(f"{doing} failed: {driven.error}", log=worker.log_tail())
+            return driven, served
 
-        driven, served = jb.timing_step(self.judge, name, run) if timing else _in_step(jb, name, run)
-        if driven.worker_error:
-            jb.fail(driven.worker_error, log=worker.log_tail())
-        if driven.error:
-            jb.fail(f"{doing} failed: {driven.error}", log=worker.log_tail())
-        return driven, served
+        def run() -> tuple[DriveAnswer, ServeAnswer]:
+            answers = phase(drive)
+            while then is not None and (following := then(*answers)) is not None:
+                answers = phase(following)
+            return answers
+
+        return jb.timing_step(self.judge, name, run) if timing else _in_step(jb, name, run)
 
     def _flush_bytes(self) -> int:
-        return self.s.flush_bytes
+        """The cache flush before each call: the settings' on a GPU; on the CPU at most 32 MiB, written
+        by one thread (an L3 holds less)."""
+        return self.s.flush_bytes if self.jb.gpu else min(self.s.flush_bytes, 32 << 20)
 
     # ------------------------------------------------------------------ the candidate (a worker)
 
@@ -331,8 +363,6 @@ class _Script:
         if integrity.modes:
             result.violations.append(f"ModelNew left torch modes on the stack ({', '.join(integrity.modes[:3])})")
         result.violations = list(dict.fromkeys(result.violations))
-        if result.runtime is not None and not result.violations:
-            self.confirm_speedup(worker)
 
     def check_trials(self, calls: list[CallRecord]) -> None:
         s, result = self.s, self.result
@@ -358,7 +388,8 @@ class _Script:
             if found.torch_ops and self.s.own_kernels_only:
                 ops = ", ".join(f"{name} x{count}" for name, count in sorted(found.torch_ops.items())[:8])
                 result.violations.append(f"torch computes inside ModelNew.forward{suffix} ({ops}); all compute must be in your own kernels")
-            if self.jb.language.name == "triton" and found.triton_launches == 0 and not found.empty_output:
+            if (self.jb.language.name == "triton" and self.s.own_kernels_only and found.triton_launches == 0
+                    and not found.empty_output):
                 result.violations.append(f"ModelNew.forward launched no Triton kernel{suffix}; compute must happen in Triton kernels")
         result.violations = list(dict.fromkeys(result.violations))
 
@@ -377,33 +408,49 @@ class _Script:
             result.correct = False
 
     def time_candidate(self, worker: Child) -> None:
+        """Warm-up, then the timing run (every call compared in full, audited calls at secret positions):
+        while a milestone lies within the measurement's noise (``reward.close_calls``), more calls in the
+        same run, pooled with the earlier ones, up to ``timing_runs`` times the timed calls in all."""
         s, jb, result = self.s, self.jb, self.result
         per_trial = result.steps_s.get("judge: RefTrials", 0.0) / max(1, s.trials)
         self.calls(worker, Drive(phase="warmup", calls=s.warmup_calls, flush_bytes=self._flush_bytes()), "candidate: warm-up",
                    jb.bound(per_trial * s.warmup_calls, cap=s.job_timeout_s))
-        audit_at = sorted(secrets.SystemRandom().sample(range(s.timed_calls), min(s.audited_timed_calls, s.timed_calls)))
         per_call = result.steps_s.get("candidate: warm-up", 0.0) / max(1, s.warmup_calls)
-        calls = s.timed_calls + len(audit_at)
-        driven, served = self.calls(
-            worker, Drive(phase="time", calls=s.timed_calls, audit_at=audit_at, checked=s.timed_calls, atol=s.atol, rtol=s.rtol,
-                          flush_bytes=self._flush_bytes()),
-            "candidate: timing", jb.bound(per_call * calls, cap=s.job_timeout_s, floor=s.timing_floor_s), timing=True)
-        wrong = next((r for r in driven.calls if r.verdict is not None and not r.verdict.correct), None)
-        if wrong is not None:
-            index = sum(1 for r in driven.calls[:driven.calls.index(wrong)] if r.kind == wrong.kind)
-            result.violations.append(f"{'timed' if wrong.kind == 'timed' else 'audited'} call {index} returned a wrong result "
-                                     f"(the output of a timed call must be correct too): {wrong.verdict.message}")
-            result.correct = False
-            return
-        self.check_rules([r.findings for r in driven.calls if r.kind == "audited"], when="during timing")
-        self.check_beside(served, "timing")
-        times = [r.time_ms for r in driven.calls if r.kind == "timed"]
-        if len(times) != s.timed_calls or len([r for r in driven.calls if r.kind == "audited"]) != len(audit_at):
-            result.violations.append("the timing run did not make every call (the call protocol was interfered with)")
+        audit_at = sorted(secrets.SystemRandom().sample(range(s.timed_calls), min(s.audited_timed_calls, s.timed_calls)))
+        times: list[float] = []
+        beside: list[float] = []
+        audited: list[Findings | None] = []
+
+        def drive(audits: list[int]) -> Drive:
+            return Drive(phase="time", calls=s.timed_calls, audit_at=audits, checked=s.timed_calls, atol=s.atol, rtol=s.rtol,
+                         flush_bytes=self._flush_bytes())
+
+        def then(driven: DriveAnswer, served: ServeAnswer) -> Drive | None:
+            wrong = next((r for r in driven.calls if r.verdict is not None and not r.verdict.correct), None)
+            if wrong is not None:
+                index = sum(1 for r in driven.calls[:driven.calls.index(wrong)] if r.kind == wrong.kind)
+                result.violations.append(f"{'timed' if wrong.kind == 'timed' else 'audited'} call {index} returned a wrong "
+                                         f"result (the output of a timed call must be correct too): {wrong.verdict.message}")
+                return None
+            self.check_beside(served, "timing")
+            run_times = _times(driven.calls, "timed")
+            findings = [r.findings for r in driven.calls if r.kind == "audited"]
+            if len(run_times) != s.timed_calls or len(findings) != (0 if times else len(audit_at)):
+                result.violations.append("the timing run did not make every call (the call protocol was interfered with)")
+            audited.extend(findings)
+            times.extend(run_times)
+            beside.extend(_times(driven.calls, "local"))
+            if result.violations:
+                return None
+            result.runtime = clock.relative(result.eager, *self.yardstick_calls, times, beside)
+            more = len(times) < s.timing_runs * s.timed_calls and close_calls(result)
+            return drive([]) if more else None
+
+        self.calls(worker, drive(audit_at), "candidate: timing", jb.bound(per_call * (s.timing_runs * s.timed_calls + len(audit_at)),
+                   cap=s.job_timeout_s, floor=s.timing_floor_s), timing=True, then=then)
+        self.check_rules(audited, when="during timing")
         if result.violations:
-            result.correct = False
-            return
-        result.runtime = _timing(times, driven.calibration_ms)
+            result.correct, result.runtime = False, None
 
 
 def _in_step(jb: Job, name: str, run: Callable):
@@ -411,10 +458,8 @@ def _in_step(jb: Job, name: str, run: Callable):
         return run()
 
 
-def _timing(times: list[float], round_trip_ms: float | None) -> Timing:
-    quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
-    return Timing(median_ms=statistics.median(times), min_ms=min(times), max_ms=max(times), calls=len(times),
-                  p25_ms=quartiles[0], p75_ms=quartiles[2], round_trip_ms=round_trip_ms)
+def _times(calls: list[CallRecord], kind: str) -> list[float]:
+    return [r.time_ms for r in calls if r.kind == kind]
 
 
 def _folder_bytes(folder: Path) -> int:

@@ -26,10 +26,13 @@ class EvalSettings(BaseModel):
     trials: int = 5
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL
-    timed_calls: int = 30                 # each one's outputs compared in full with the reference's
+    timed_calls: int = 30                 # each one's outputs compared in full with the reference's; the
+                                          # yardstick (the task's Model through the candidate's worker) as many
     warmup_calls: int = 3
     audited_timed_calls: int = 4          # extra audited (untimed) calls at secret positions of the timing run
-    calibration_calls: int = 10           # empty calls that measure the judge's round trip, before candidate code exists
+    # A candidate whose milestone lies within its measurement's noise (reward.close_calls) is timed
+    # again, its calls pooled, up to this many timing runs in all; then the medians decide.
+    timing_runs: int = 3
     flush_bytes: int = 128 << 20          # the cache flush inside each call, twice (an H100's L2 is 50 MB, an H200's 60)
     job_timeout_s: float = 600.0          # bound on a timing run (baselines: torch.compile's first call is slow)
     step_timeout_s: float = 300.0         # bound on every other step (import, trials): an endless loop ends here
@@ -60,8 +63,7 @@ class EvalSettings(BaseModel):
 
     def timing_protocol(self) -> dict:
         """The settings a baseline timing depends on (part of the baseline cache key)."""
-        return {"timed_calls": self.timed_calls, "warmup_calls": self.warmup_calls, "flush_bytes": self.flush_bytes,
-                "calibration_calls": self.calibration_calls}
+        return {"timed_calls": self.timed_calls, "warmup_calls": self.warmup_calls, "flush_bytes": self.flush_bytes}
 
 
 class EvalJob(BaseModel):
@@ -93,9 +95,16 @@ class TrialReport(BaseModel):
 
 
 class Timing(BaseModel):
-    """Milliseconds per call: median and spread over the timed calls (quartiles: None in
-    baselines cached before they were recorded), each call's time on the judge's clock less the
-    round trip's fixed cost (``round_trip_ms``, the median of empty calls through the same path)."""
+    """Milliseconds per call (``evaluators/clock.py``). ``method``: ``local``, a baseline's own calls
+    in the judge's process, summed up by their median; ``worker`` (eager on the CPU), the Model's
+    calls through the candidate's worker before the candidate existed there, less the judge's own
+    share of a call; ``relative``, a candidate's: eager's local
+    time plus the trimmed mean of its calls through its worker (``raw_median_ms``, the whole call on
+    the judge's clock) less that of the task's Model's calls through the same worker before the
+    candidate existed there (``yardstick_raw_ms``); its quartiles and extremes are its calls shifted
+    alike. ``sem_ms``: the standard error of ``median_ms`` (a relative time's with its yardstick's,
+    eager's and the drift); ``drift``: the machine's pace beside the candidate's calls over its pace
+    beside the yardstick's, less 1 (the judge's own calls of the Model beside each)."""
 
     median_ms: float
     min_ms: float
@@ -103,14 +112,11 @@ class Timing(BaseModel):
     calls: int
     p25_ms: float | None = None
     p75_ms: float | None = None
-    round_trip_ms: float | None = None
-
-    @property
-    def relative_spread(self) -> float | None:
-        """The interquartile range over the median: this machine's noise in one timing run."""
-        if self.p25_ms is None or self.p75_ms is None or self.median_ms <= 0:
-            return None
-        return (self.p75_ms - self.p25_ms) / self.median_ms
+    sem_ms: float | None = None
+    method: Literal["local", "worker", "relative"] = "local"
+    raw_median_ms: float | None = None
+    yardstick_raw_ms: float | None = None
+    drift: float | None = None
 
 
 class EvalResult(BaseModel):
@@ -140,9 +146,10 @@ class EvalResult(BaseModel):
     #: evaluator's (a child that could not start, the reference or the task failing, a worker lost,
     #: a harness error); None when correct. An evaluator's fault is never paid as a reward.
     fault: Fault | None = None
-    #: Baselines ("eager", "compile") whose milestone decision lies within the measured noise: the
-    #: speed-up's distance from the margin is smaller than the two timings' spread, so another run
-    #: may decide it the other way. The milestone stays what the numbers say (reward.close_calls).
+    #: Baselines ("eager", "compile") whose milestone decision lies within the measured noise after
+    #: every timing run the settings allow: the speed-up's distance from the margin is under twice its
+    #: standard error, so another run may decide it the other way. The milestone stays what the
+    #: medians say (reward.close_calls).
     close_calls: list[str] = Field(default_factory=list)
     # What the verdict was judged with (the job's settings), so every report states the real numbers.
     atol: float = EvalSettings.model_fields["atol"].default

@@ -53,24 +53,57 @@ def _valid(time_ms: float | None) -> bool:
     return time_ms is not None and math.isfinite(time_ms) and time_ms > 0
 
 
+#: A speed-up is established when it clears the margin by this many standard errors.
+CONFIDENCE = 2.0
+
+
+def established_milestone(result: EvalResult) -> int:
+    """The milestone a concluded result's timings establish: as ``milestone_reward``, but a speed-up
+    over a baseline counts only where it clears the margin by ``CONFIDENCE`` standard errors of it
+    (``_gain``): a kernel whose speed-up the measurement cannot tell from the margin is not paid it
+    by chance. Timings without an error (records made by hand, or before errors were kept) decide
+    by their medians alone."""
+    if not result.correct:
+        return -1
+    fast_eager = _surely_faster(result, result.eager)
+    if fast_eager and _surely_faster(result, result.compiled_baseline):
+        return 3
+    return 2 if fast_eager else 1
+
+
 def close_calls(result: EvalResult) -> list[str]:
-    """The baselines ("eager", "compile") whose milestone decision b(t, t0) lies within this
-    machine's measured noise: the relative speed-up (t0 - t) / t0 is closer to the margin than
-    the two timings' relative spreads added (``Timing.relative_spread``, the interquartile range
-    over the median). Such a decision may go the other way on another run; the milestone still is
-    what the numbers say. A timing without quartiles (an old cached baseline) decides nothing here."""
+    """The baselines ("eager", "compile") whose milestone decision b(t, t0) is not sure: the relative
+    speed-up (t0 - t) / t0 lies within ``CONFIDENCE`` standard errors of the margin (from the two
+    timings' ``sem_ms``: the errors of their central values, a candidate's with its yardstick's and
+    the machine's drift). The harness times such a candidate further (``EvalSettings.timing_runs``);
+    one still close after that is not paid the speed-up (``established_milestone``). A timing
+    without an error decides nothing here."""
     found = []
-    runtime = result.runtime
     for name, baseline in (("eager", result.eager), ("compile", result.compiled_baseline)):
-        if runtime is None or baseline is None or not _valid(runtime.median_ms) or not _valid(baseline.median_ms):
-            continue
-        spreads = (runtime.relative_spread, baseline.relative_spread)
-        if None in spreads:
-            continue
-        gain = (baseline.median_ms - runtime.median_ms) / baseline.median_ms
-        if abs(gain - result.speedup_margin) < sum(spreads):
+        gain = _gain(result, baseline)
+        if gain is not None and gain[1] is not None and abs(gain[0] - result.speedup_margin) <= CONFIDENCE * gain[1]:
             found.append(name)
     return found
+
+
+def _surely_faster(result: EvalResult, baseline) -> bool:
+    gain = _gain(result, baseline)
+    if gain is None:
+        return False
+    value, error = gain
+    return value > result.speedup_margin + (CONFIDENCE * error if error is not None else 0.0)
+
+
+def _gain(result: EvalResult, baseline) -> tuple[float, float | None] | None:
+    """(t0 - t) / t0 of the result's runtime against ``baseline``, and its standard error (None where a
+    timing has none); None where either time is missing or impossible."""
+    runtime = result.runtime
+    if runtime is None or baseline is None or not _valid(runtime.median_ms) or not _valid(baseline.median_ms):
+        return None
+    t, t0 = runtime.median_ms, baseline.median_ms
+    if runtime.sem_ms is None or baseline.sem_ms is None:
+        return (t0 - t) / t0, None
+    return (t0 - t) / t0, (t / t0) * math.hypot(runtime.sem_ms / t, baseline.sem_ms / t0)
 
 
 def paid_reward(result: EvalResult, kind: RewardKind | str = RewardKind.MILESTONE) -> float:

@@ -9,21 +9,21 @@ sets ``correct``, ``fault`` or ``reward``.
 from __future__ import annotations
 
 from kernel_env.evaluators.records import EvalResult, Fault, Mode
-from kernel_env.evaluators.reward import close_calls, milestone_reward
+from kernel_env.evaluators.reward import close_calls, established_milestone
 
 
 def conclude(result: EvalResult, margin: float) -> EvalResult:
-    """The result's verdict, whose fault a failure is, and its milestone (``reward.py``). A failure
-    is the candidate's unless it was named the evaluator's; an evaluator's fault gets no milestone:
-    it says nothing of the candidate."""
+    """The result's verdict, whose fault a failure is, and the milestone its timings establish
+    (``reward.established_milestone``). A failure is the candidate's unless it was named the
+    evaluator's; an evaluator's fault gets no milestone: it says nothing of the candidate."""
     if result.error or result.violations:
         result.correct = False
     if result.correct:
         result.fault = None
     elif result.fault is None:  # wrong outputs or a broken rule
         result.fault = "candidate"
-    result.reward = None if result.fault == "evaluator" else milestone_reward(
-        result.correct, result.runtime_ms, result.eager_ms, result.compile_ms, margin)
+    result.speedup_margin = margin
+    result.reward = None if result.fault == "evaluator" else established_milestone(result)
     result.close_calls = close_calls(result) if result.correct else []
     return result
 

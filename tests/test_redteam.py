@@ -65,13 +65,13 @@ def _answered(jobs, name: str, mode: Mode = Mode.VERIFY, settings=SETTINGS):
 
 def test_answering_a_timed_call_before_its_go_is_timed_whole(jobs, past_rules):
     """The worker computes as soon as the inputs land in the memfd and queues ``Done`` before the judge
-    sends ``Go``: the worker's whole standard round trip, calibrated out of every timed call, was never
-    spent. The early answer runs eager's own ops: it must not be timed faster than about eager."""
+    sends ``Go``: the worker's whole standard round trip, in the yardstick every timed call is compared
+    with, was never spent. The early answer runs eager's own ops: it must not be timed faster than about eager."""
     result = _profile(jobs, "redteam_done_before_go")
     if result.correct:
         assert result.runtime_ms >= 0.5 * result.eager_ms, why(result)
     else:
-        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness")
+        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness", "interfered")
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_answering_a_timed_call_before_its_go_is_no_faster_than_the_same_work(jo
     if result.correct:
         assert result.runtime_ms >= 0.5 * control.runtime_ms, (why(result), control.runtime_ms)
     else:
-        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness")
+        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness", "interfered")
 
 
 # ============================================================================ the harness's reads of a child's answers
@@ -121,7 +121,7 @@ def test_computing_a_timed_call_before_its_go_and_answering_at_once_is_no_faster
     if result.correct:
         assert result.runtime_ms >= 0.5 * control.runtime_ms, (why(result), control.runtime_ms)
     else:
-        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness")
+        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness", "interfered")
 
 
 # ============================================================================ the shared memory
@@ -166,7 +166,7 @@ def test_answering_before_go_with_the_honest_kernel_is_no_faster_than_the_honest
         # the test catches is the work itself escaping the clock, which would put the time near zero.
         assert result.runtime_ms >= 0.5 * honest.runtime_ms, (why(result), honest.runtime_ms)
     else:
-        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness")
+        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness", "interfered")
 
 
 def test_findings_flooded_into_every_answer_neither_kill_the_judge_nor_buy_time(jobs, past_rules):

@@ -483,24 +483,23 @@ def test_the_tolerance_boundary_of_float32_outputs_is_the_float64_rule(tolerance
         assert not report.correct and report.first_bad_index == [index]
 
 
-def _spread(median: float, relative: float | None) -> Timing:
-    half = None if relative is None else median * relative / 2
+def _timed(median: float, relative_error: float | None) -> Timing:
     return Timing(median_ms=median, min_ms=median, max_ms=median, calls=30,
-                  p25_ms=None if half is None else median - half, p75_ms=None if half is None else median + half)
+                  sem_ms=None if relative_error is None else median * relative_error)
 
 
-@pytest.mark.parametrize(("runtime", "spread", "expected"), [
-    (95.5, 0.01, ["eager"]),    # 4.5 % faster, margin 5 %, noise 2 %: either way on another run
-    (94.5, 0.01, ["eager"]),    # 5.5 %: milestone reached, but within the noise
+@pytest.mark.parametrize(("runtime", "error", "expected"), [
+    (95.5, 0.01, ["eager"]),    # 4.5 % faster, margin 5 %, each median's error 1 %: either way on another run
+    (94.5, 0.01, ["eager"]),    # 5.5 %: milestone reached, but within two errors
     (80.0, 0.01, []),           # 20 %: far from the margin
-    (95.5, 0.001, []),          # a quiet machine: 0.5 % from the margin is outside its noise
-    (95.5, None, []),           # an old cached baseline without quartiles decides nothing
+    (95.5, 0.001, []),          # a precise measurement: 0.5 % from the margin is outside two errors
+    (95.5, None, []),           # a record without an error decides nothing
 ])
-def test_a_milestone_decided_within_the_measured_noise_is_a_close_call(runtime, spread, expected):
+def test_a_milestone_decided_within_the_measured_noise_is_a_close_call(runtime, error, expected):
     from kernel_env.evaluators.reward import close_calls
 
     result = EvalResult(job_id="j", task_id="t", language="cpp", device="cpu", mode=Mode.PROFILE, correct=True,
-                        runtime=_spread(runtime, 0.01 if spread is None else spread), eager=_spread(100.0, spread))
+                        runtime=_timed(runtime, 0.01 if error is None else error), eager=_timed(100.0, error))
     assert close_calls(result) == expected
 
 

@@ -426,7 +426,7 @@ def test_a_job_short_of_device_memory_beside_others_is_run_again_alone(monkeypat
 
 @pytest.mark.parametrize("error", [
     "running ModelNew failed: Drive raised torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB",
-    "baseline worker: calibrate failed: Drive raised RuntimeError: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (2)",
+    "candidate: yardstick failed: Drive raised RuntimeError: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (2)",
     "running ModelNew failed: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
 ])
 def test_every_way_of_saying_the_device_ran_out_of_memory_is_read_as_such(error):

@@ -10,11 +10,12 @@ them in full (``compare``). What the worker sends can only name memory for the j
 - ``WorkerFailed``: the worker broke the protocol, ended, or could not run a call.
 - ``load_gated_kernels``: the kernels a call queues behind its gate, loaded ahead.
 
-The clock (``_call_cuda``, ``_call_cpu``, ``_calibrate``, ``_time``) is docs/design.md's "One call,
-and the clock": a call's time is never less than the worker's work but for the calibrated round
-trip, and a change here must keep that true.
+The clock (``_call_cuda``, ``_call_cpu``, ``_time``) is docs/design.md's "One call, and the clock":
+a call's time is the whole call on the judge's clock, never less than the worker's work, and a
+change here must keep that true. Nothing is taken out of it here: the harness compares it with the
+task's Model timed through the same worker before any candidate code existed in it.
 
-Why one module: the calls, the calibration and the timing share the clock's sequence, and a reader
+Why one module: the calls and the timing share the clock's sequence, and a reader
 checking that no time can be taken off a candidate's work must see all of it in one place.
 """
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import secrets
 import socket
-import statistics
 import time
 
 import torch
@@ -55,10 +55,6 @@ from reference import Reference
 _HOST_WAIT_S = 1.0
 #: After one call needed that, the judge waits this long at most.
 _HOST_WAIT_AGAIN_S = 0.01
-#: Calibration calls discarded first (the worker's and the judge's first round trips).
-_CALIBRATION_DISCARD = 2
-#: A time below this is reported as this (a round trip's noise can make an empty call's negative).
-_FLOOR_MS = 1e-3
 #: A worker keeps the device buffers of every layout it was sent while they take less than this; past
 #: it (a big task's trial variants: 13 GB a layout on KernelBench level 1) the earlier ones are released.
 _LAYOUT_BYTES = 1 << 30
@@ -87,11 +83,11 @@ class Judge:
         self.memory = exchange.DeviceMemory(self.device) if self.cuda else None
         self.flags: exchange.Flags | None = None
         self.layouts: dict[tuple, _Layout] = {}
-        self.calibration_ms: float | None = None
         self.stuck = False  # a call's stream left waiting for the worker (``_call_cuda``): never synchronise again
         self.host_wait_s = _HOST_WAIT_S
         self._k = 0
         self._flush: torch.Tensor | None = None
+        self._flush_local: torch.Tensor | None = None  # the local calls' (``_time``), apart from the calls'
         self._flush_bytes = 0
         self._host_buffers: list[exchange.HostBuffer] = []  # kept mapped while the worker uses them
         self._loopback: tuple | None = None  # (the CPU) a socket of the judge's own, for ``_own_share``
@@ -114,7 +110,7 @@ class Judge:
         Args:
             link: the judge's end of the judge–worker socket (``Connect``)."""
         self._free_layouts()  # the previous worker's: it is gone
-        self.link, self.calibration_ms, self.host_wait_s = link, None, _HOST_WAIT_S
+        self.link, self.host_wait_s = link, _HOST_WAIT_S
         if self.cuda:
             self.flags = exchange.Flags(self.memory)
             self._send(Flags(handle=self.flags.handle))
@@ -123,22 +119,19 @@ class Judge:
         """Run the calls of one phase with the connected worker; then tell it to stop.
 
         Args:
-            req: the phase ("calibrate", "trials", "warmup" or "time") and its settings.
+            req: the phase ("trials", "warmup" or "time") and its settings.
 
         Returns:
-            Each call's record (its time, verdict and findings) and ``calibration_ms``, the round trip
-            a timed call's time is taken less. A worker that breaks the protocol or raises ends the
-            phase: ``error`` / ``worker_error`` say why; nothing is raised."""
+            Each call's record (its time, verdict and findings). A worker that breaks the protocol or
+            raises ends the phase: ``error`` / ``worker_error`` say why; nothing is raised."""
         answer = DriveAnswer()
         self._flush_bytes = req.flush_bytes
-        # Each phase's patience (a first call that compiles spends it); none for the trials, which are not
-        # timed: a forward's first launch of a kernel loads its module, which waits for the device work
-        # queued before it, the wait for the call's start among it, until the gate opens.
-        self.host_wait_s = 0.0 if req.phase == "trials" else _HOST_WAIT_S
+        # The timing run's patience; none for the calls that are not timed (the trials, the warm-up): a
+        # forward's first launch of a kernel loads its module, which waits for the device work queued before
+        # it, the wait for the call's start among it, until the gate opens.
+        self.host_wait_s = _HOST_WAIT_S if req.phase == "time" else 0.0
         try:
-            if req.phase == "calibrate":
-                answer.calls = self._calibrate(req.calls)
-            elif req.phase == "trials":
+            if req.phase == "trials":
                 answer.calls = self._trials(req)
             elif req.phase == "warmup":
                 answer.calls = [self._timed_call("warmup", req, check=False) for _ in range(req.calls)]
@@ -148,59 +141,11 @@ class Judge:
             answer.error = str(exc)
         except _WorkerRaised as exc:
             answer.worker_error = str(exc)
-        answer.calibration_ms = self.calibration_ms
         try:
             self._send(Stop())
         except WorkerFailed:
             pass  # it is gone: the harness learns how from the worker's own answer
         return answer
-
-    def _calibrate(self, calls: int) -> list[CallRecord]:
-        records = [self._null_call() for _ in range(_CALIBRATION_DISCARD + calls)]
-        self.calibration_ms = statistics.median(r.time_ms for r in records[_CALIBRATION_DISCARD:])
-        return records
-
-    def _null_call(self) -> CallRecord:
-        """An empty call on fresh inputs: the round trip a call's time is taken less.
-
-        On a GPU, through the worker (a ``Go`` with no forward): the device's own work for a call, the
-        switch to the worker's context and back included, none of which a worker can leave out while
-        computing anything. On the CPU, the judge's own share alone (``_own_share``): what a worker does
-        between ``Go`` and ``Done`` it may do otherwise (watch the inputs land and answer before ``Go``),
-        so none of it is taken out."""
-        staging = self.reference.make_inputs(secrets.randbits(31))
-        expected = self.reference.run(staging, precise=False)
-        if not self.cuda:
-            return self._own_share(staging, expected)
-        record, _ = self._call("calibration", staging, expected, null=True)
-        return record
-
-    def _own_share(self, staging: list, expected: tuple) -> CallRecord:
-        """(The CPU.) What ``_call_cpu`` does but for the worker's part: the inputs copied in, a ``Go``
-        sent and a ``Done`` received (this one already waiting, on a socket of the judge's own), the
-        outputs copied out of the spill buffers."""
-        sequence, outputs, _ = expected
-        layout = self._layout(staging, outputs)
-        if self._loopback is None:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            self._loopback = (protocol.Link(ours, accept_fds=False), theirs)
-        link, theirs = self._loopback
-        self._k += 1
-        go = Go(k=self._k, layout=layout.number, values=[None if isinstance(x, torch.Tensor) else _plain(x) for x in staging],
-                null=True)
-        theirs.send(Done(k=go.k, sequence=sequence, outputs=[
-            OutputRef(dtype=_dtype(t), shape=list(t.shape), stride=list(t.stride()), spilled=True) for t in layout.spill]).encode())
-        self._flush_buffer().bitwise_not_()
-        started = time.perf_counter_ns()
-        for shared, x in zip(layout.inputs, staging):
-            if shared is not None:
-                shared.copy_(x)
-        link.send(go)
-        done, _ = link.recv(Done)
-        copies = [src.clone() for src in self._sources(done, layout)]  # noqa: F841 - the judge's copy-out, as in a call
-        raw_ms = (time.perf_counter_ns() - started) / 1e6
-        theirs.recv(protocol.MAX_MESSAGE)  # the Go, sent to nobody
-        return CallRecord(k=go.k, kind="calibration", time_ms=raw_ms)
 
     def _trials(self, req: Drive) -> list[CallRecord]:
         records = []
@@ -218,18 +163,21 @@ class Judge:
         return records
 
     def _time(self, req: Drive) -> list[CallRecord]:
-        """The timed calls, each after an empty one (``_null_call``). A call's time is its round trip
-        less the median empty one. On a GPU: the one calibrated before any candidate code existed in the
-        worker, or the median of those beside the timed calls where it is lower (the device may have
-        settled since); never the higher, since empty calls made now go through a worker that may hold
-        candidate code, which could make them slow to lower its times (making them fast only raises its
-        times). On the CPU the empty calls are the judge's alone: those beside the timed calls decide."""
-        if self.calibration_ms is None:
-            raise WorkerFailed("the round trip was not calibrated before timing")
+        """The timed calls, each the whole call on the judge's clock, after as many calls of the task's
+        Model in the judge's own process (``local``, as ``RefTime`` times them, after one more to warm
+        up): the machine's pace around the worker's calls, which the harness compares with its pace
+        around the yardstick's. Every call of the worker's is made alike (its inputs, the reference's
+        run, its comparison), so nothing it sees before ``Go`` tells an audited call from a timed one."""
+        size = max(self._flush_buffer().numel(), 1)
+        if self._flush_local is None or self._flush_local.numel() != size:
+            self._flush_local = torch.empty(size, dtype=torch.uint8, device=self.device)
+        local = self.reference.time_with(self._flush_local, req.calls, 1)["eager"]
+        records = [CallRecord(k=0, kind="local", time_ms=elapsed) for elapsed in local]
         checked = set(secrets.SystemRandom().sample(range(req.calls), min(req.checked, req.calls)))
-        records, beside = [], []
         for index in range(req.calls):
-            beside.append(self._null_call())
+            if req.own_share and not self.cuda:
+                staging = self.reference.make_inputs(secrets.randbits(31))
+                records.append(self._own_share(staging, self.reference.run(staging, precise=False)))
             record = self._timed_call("timed", req, check=index in checked, k_index=index)
             records.append(record)
             if record.verdict is not None and not record.verdict.correct:
@@ -239,21 +187,40 @@ class Judge:
                 records.append(record)
                 if not record.verdict.correct:
                     break
-        beside_ms = statistics.median(r.time_ms for r in beside)
-        round_trip = min(self.calibration_ms, beside_ms) if self.cuda else beside_ms  # the judge's own share: trusted
-        for record in records:
-            if record.kind == "timed":
-                record.time_ms = max(record.time_ms - round_trip, _FLOOR_MS)
-        self.calibration_ms = round_trip
-        return beside + records
+        return records
 
-    def _timed_call(self, kind: str, req: Drive | None, *, check: bool, null: bool = False, audit: bool = False,
-                    k_index: int = 0) -> CallRecord:
+    def _own_share(self, staging: list, expected: tuple) -> CallRecord:
+        """(The CPU.) What ``_call_cpu`` does but for the worker's part: the inputs copied in, a ``Go``
+        sent and a ``Done`` received (this one already waiting, on a socket of the judge's own), the
+        outputs copied out of the spill buffers."""
+        sequence, outputs, _ = expected
+        layout = self._layout(staging, outputs)
+        if self._loopback is None:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self._loopback = (protocol.Link(ours, accept_fds=False), theirs)
+        link, theirs = self._loopback
+        self._k += 1
+        go = Go(k=self._k, layout=layout.number, values=[None if isinstance(x, torch.Tensor) else _plain(x) for x in staging])
+        theirs.send(Done(k=go.k, sequence=sequence, outputs=[
+            OutputRef(dtype=_dtype(t), shape=list(t.shape), stride=list(t.stride()), spilled=True) for t in layout.spill]).encode())
+        self._flush_buffer().bitwise_not_()
+        started = time.perf_counter_ns()
+        for shared, x in zip(layout.inputs, staging):
+            if shared is not None:
+                shared.copy_(x)
+        link.send(go)
+        done, _ = link.recv(Done)
+        copies = [src.clone() for src in self._sources(done, layout)]  # noqa: F841 - the judge's copy-out, as in a call
+        raw_ms = (time.perf_counter_ns() - started) / 1e6
+        theirs.recv(protocol.MAX_MESSAGE)  # the Go, sent to nobody
+        return CallRecord(k=go.k, kind="share", time_ms=raw_ms)
+
+    def _timed_call(self, kind: str, req: Drive | None, *, check: bool, audit: bool = False, k_index: int = 0) -> CallRecord:
         staging = self.reference.make_inputs(secrets.randbits(31))
         expected = self.reference.run(staging, precise=check)
         if check:
             return self._judged_call(kind, staging, expected, req, audit=audit, trial=k_index)
-        record, _ = self._call(kind, staging, expected, null=null, audit=audit)
+        record, _ = self._call(kind, staging, expected, audit=audit)
         return record
 
     def _judged_call(self, kind: str, staging: list, expected: tuple, req: Drive, *, audit: bool, trial: int) -> CallRecord:
@@ -263,16 +230,16 @@ class Judge:
 
     # ------------------------------------------------------------------ one call
 
-    def _call(self, kind: str, staging: list, expected: tuple, *, null: bool = False, audit: bool = False):
+    def _call(self, kind: str, staging: list, expected: tuple, *, audit: bool = False):
         """One call of the worker's on ``staging`` (copied in, never handed over), judged against
         ``expected`` (sequence, outputs, float32 outputs). Returns (its record, what the worker
         returned as the judge read it: (sequence, outputs))."""
-        sequence, outputs, _ = expected
+        _, outputs, _ = expected
         layout = self._layout(staging, outputs)
         values = [None if isinstance(x, torch.Tensor) else _plain(x) for x in staging]
         self._k += 1
         k = self._k
-        go = Go(k=k, layout=layout.number, values=values, audit=audit, null=null)
+        go = Go(k=k, layout=layout.number, values=values, audit=audit)
         if self.cuda:
             raw_ms, done, got = self._call_cuda(go, staging, layout)
         else:
@@ -281,8 +248,8 @@ class Judge:
         record = CallRecord(k=k, kind=kind, findings=_capped(done.findings) if audit else None)
         if audit and done.findings is None:
             record.findings = Findings(torch_ops={"(the audit's findings were not reported: it was interfered with)": 1})
-        if kind in ("timed", "calibration"):
-            record.time_ms = raw_ms  # the round trip: ``_time`` takes the calibrated empty one out
+        if kind == "timed":
+            record.time_ms = raw_ms
         if kind == "trial":
             record.mutated_inputs = any(
                 isinstance(a, torch.Tensor) and not _same(a, b) for a, b in zip(layout.inputs, staging))

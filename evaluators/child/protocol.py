@@ -37,7 +37,7 @@ except ImportError:  # Python built without OpenSSL
 #: The largest message either side reads from the other (a ``Done``, a ``Reply``).
 MAX_MESSAGE = 4 << 20
 #: Bumped whenever a change to the judge's clock changes what a timing means; part of the baseline cache key.
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 _json_dumps, _json_loads = json.dumps, json.loads
 
 
@@ -117,16 +117,20 @@ class RefScreen(Message):
 
 @dataclass
 class RefTime(Message):
-    """The reference's own time in the judge's process, for the synthesis filter's bounds on a task
-    (1 to 100 ms by default): never a reward's (those go through a worker, ``Drive``)."""
+    """The task's Model (``eager``) and ``torch.compile`` of it (``compile``) timed in the judge's own
+    process, as ``do_bench`` times a callable: fresh inputs, the caches flushed, device events around
+    the forward (``Reference.time``). With several models, their calls alternate, so a change of the
+    machine's pace lands on each alike. ``calls=0``: only the warm-up (torch.compile compiles there).
+    The baselines' times, and the synthesis filter's bounds on a task."""
     calls: int
     warmup: int
     flush_bytes: int
+    models: list[Literal["eager", "compile"]] = field(default_factory=lambda: ["eager"])
 
 
 @dataclass
 class RefTimeAnswer(Message):
-    times_ms: list[float] = field(default_factory=list)
+    times_ms: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -139,18 +143,19 @@ class ProbeAnswer(Message):
     busy_ms: float | None = None
 
 
-Phase = Literal["calibrate", "trials", "warmup", "time"]
+Phase = Literal["trials", "warmup", "time"]
 
 
 @dataclass
 class Drive(Message):
     """The judge drives the connected worker through calls (``judge.Judge.drive``).
 
-    ``calibrate``: ``calls`` empty calls, before any candidate code exists in the worker: the
-    round trip's fixed cost. ``trials``: the reference's trials, compared in full. ``warmup``:
-    ``calls`` calls, neither judged nor timed. ``time``: ``calls`` timed calls, ``checked`` of them
-    (which ones is secret; a candidate's: all) compared in full, with an audited call after each
-    position in ``audit_at``."""
+    ``trials``: the reference's trials, compared in full. ``warmup``: ``calls`` calls, neither
+    judged nor timed. ``time``: ``calls`` timed calls, ``checked`` of them (which ones is secret; a
+    candidate's: all) compared in full, with an audited call after each position in ``audit_at``,
+    after as many calls of the task's Model in the judge's own process (``local``); ``own_share`` (the
+    CPU, the yardstick's run only): before each timed call, the judge's own share of a call
+    (``share``: the same steps with no worker)."""
     phase: Phase
     calls: int = 0
     audit_at: list[int] = field(default_factory=list)
@@ -160,6 +165,7 @@ class Drive(Message):
     atol: float = 0.0
     rtol: float = 0.0
     flush_bytes: int = 0
+    own_share: bool = False
 
 
 @dataclass
@@ -185,9 +191,10 @@ class TrialVerdict(Message):
 @dataclass
 class CallRecord(Message):
     """One call, as the judge saw it: its verdict (None where unchecked), its time on the judge's
-    clock less the calibrated round trip (None where untimed), and the worker's findings."""
+    clock, the whole call (None where untimed), and the worker's findings. A ``local`` call is the
+    task's Model in the judge's own process (``RefTime``'s way), made beside the worker's timed calls."""
     k: int
-    kind: str  # "trial", "warmup", "timed", "audited", "calibration"
+    kind: str  # "trial", "warmup", "timed", "audited", "local", "share"
     verdict: TrialVerdict | None = None
     time_ms: float | None = None
     mutated_inputs: bool = False
@@ -197,7 +204,6 @@ class CallRecord(Message):
 @dataclass
 class DriveAnswer(Message):
     calls: list[CallRecord] = field(default_factory=list)
-    calibration_ms: float | None = None
     #: Why the calls stopped early: the worker broke the protocol, ended, or raised (its words, quoted).
     error: str | None = None
     #: The worker's own error (an exception in forward), as it reported it.
@@ -315,12 +321,11 @@ class Flags(Message):
 @dataclass
 class Go(Message):
     """Call ``k`` on layout ``layout``'s inputs. ``values``: the non-tensor inputs (None where a
-    tensor goes). ``null``: a calibration call (no model runs). ``audit``: run it under every check."""
+    tensor goes). ``audit``: run it under every check."""
     k: int
     layout: int
     values: list[Any] = field(default_factory=list)
     audit: bool = False
-    null: bool = False
 
 
 @dataclass

@@ -21,6 +21,9 @@ from outputs import describe, flatten, is_plain, is_sequence
 from protocol import ReferenceTrial, RefTrials, RefTrialsAnswer
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: The longest the device spins ahead of a timed forward (``Reference._preroll``): a forward whose host
+#: launches take longer shows the rest in its time.
+_PREROLL_MAX_S = 0.05
 #: Types a non-tensor input may have: the judge hands them to the worker as JSON.
 _PLAIN = (type(None), bool, int, float, str)
 
@@ -30,6 +33,13 @@ class Reference:
         self.device, self.task, self.out_dir = device, task, out_dir
         self.model = None
         self.model32 = None  # a float32 copy of the Model, for half-precision tasks (``precise``)
+        self._compiled = None  # torch.compile of the Model (``compiled``)
+        #: The threads a worker computes with (the process's default): the Model's own timings use them
+        #: (``timed_call``), while the judge otherwise keeps to one (``judge.Judge``).
+        self.threads = torch.get_num_threads()
+        #: per model, the host's time to launch a forward (``timed_call``): the last one's, at least half the one before
+        self._launch_s: dict[int, float] = {}
+        self._cycles_per_s: float | None = None  # the device's clock, for ``_preroll``
         self.mutates_inputs = False  # the Model modifies its inputs in place (seen in its trials)
         #: Per trial: its seed and variant, and the Model's outputs (whether a sequence; the float32 run's).
         self.trials: list[dict] = []
@@ -153,29 +163,71 @@ class Reference:
         on_device = sum(t.nbytes for t in outputs) < free - max(total // 4, 3 * call_bytes)
         return [t.clone() if on_device else t.to("cpu", copy=True) for t in outputs]
 
-    def time(self, calls: int, warmup: int, flush_bytes: int) -> list[float]:
-        """Milliseconds of each of ``calls`` calls of the Model in this process, on fresh inputs after a
-        cache flush (CUDA events on a GPU): a coarse time for screening a task, never a reward's."""
+    def time(self, calls: int, warmup: int, flush_bytes: int, models: list[str] = ("eager",)) -> dict[str, list[float]]:
+        """Milliseconds of each of ``calls`` calls of each of ``models`` (``eager``: the Model;
+        ``compile``: torch.compile of it) in this process, alternating, each pair on fresh inputs
+        (``timed_call``). ``warmup`` calls of each first (torch.compile compiles in its first)."""
         flush = torch.empty(max(flush_bytes, 1), dtype=torch.uint8, device=self.device)
-        times = []
-        with torch.no_grad():
+        return self.time_with(flush, calls, warmup, models)
+
+    def time_with(self, flush: torch.Tensor, calls: int, warmup: int, models=("eager",)) -> dict[str, list[float]]:
+        """``time`` with a flush buffer of the caller's. The worker's threads throughout (``threads``): on
+        the CPU a change of torch's thread count costs its next parallel region, so not one per call."""
+        runs = {name: self.compiled() if name == "compile" else self.model for name in models}
+        times: dict[str, list[float]] = {name: [] for name in models}
+        with _threads(self.threads):
             for index in range(warmup + calls):
                 inputs = self.make_inputs(index)
-                flush.bitwise_not_()
-                if self.device.type == "cuda":
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    self.model(*inputs)
-                    end.record()
-                    end.synchronize()
-                    elapsed = start.elapsed_time(end)
-                else:
-                    began = time.perf_counter_ns()
-                    self.model(*inputs)
-                    elapsed = (time.perf_counter_ns() - began) / 1e6
-                if index >= warmup:
-                    times.append(elapsed)
+                for name, model in runs.items():
+                    elapsed = self.timed_call(model, inputs, flush)
+                    if index >= warmup:
+                        times[name].append(elapsed)
         return times
+
+    def timed_call(self, model, inputs: list, flush: torch.Tensor) -> float:
+        """Milliseconds of one forward of ``model`` on ``inputs`` in this process: the caches flushed
+        first, then device events around the forward on a GPU, the process's clock on the CPU. On a
+        GPU the device is kept busy (``_preroll``) until the
+        host has launched the whole forward, so the time is the device's, as a worker's call is
+        timed (queued ahead of its start): not the host's launches, which a slow host or a
+        compiled model's guards otherwise put into a small kernel's time several times over."""
+        args = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs] if self.mutates_inputs else inputs
+        with torch.no_grad():
+            if self.device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                launch_s = self._launch_s.get(id(model), 1e-3)
+                self._preroll(launch_s)
+                flush.bitwise_not_()
+                start.record()
+                launching = time.perf_counter()
+                model(*args)
+                self._launch_s[id(model)] = max(time.perf_counter() - launching, launch_s / 2)
+                end.record()
+                end.synchronize()
+                return start.elapsed_time(end)
+            flush.bitwise_not_()
+            began = time.perf_counter_ns()
+            model(*args)
+            return (time.perf_counter_ns() - began) / 1e6
+
+    def _preroll(self, launch_s: float) -> None:
+        """A kernel that spins on the device for three times the time the forward's launches took lately
+        (a forward that waits on the host for its device work only ends the spin sooner)."""
+        if self._cycles_per_s is None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(1 << 20)
+            end.record()
+            end.synchronize()
+            self._cycles_per_s = (1 << 20) / max(start.elapsed_time(end) / 1e3, 1e-6)
+        seconds = min(3 * launch_s + 50e-6, _PREROLL_MAX_S)
+        torch.cuda._sleep(int(seconds * self._cycles_per_s))
+
+    def compiled(self):
+        """torch.compile of the Model, made once (it compiles at its first call)."""
+        if self._compiled is None:
+            self._compiled = torch.compile(self.model)
+        return self._compiled
 
     def screen(self, seeds: list[int], compile: bool) -> dict:
         """Facts for the synthesis filter (``kernel_env.workloads.runs.synth.filter``, which decides; nothing here does).
@@ -209,6 +261,22 @@ class Reference:
             "input_max_diff": _max_diff(eager, other),
             "scale": _scale(eager),
         }
+
+
+class _threads:
+    """torch's intra-op threads set to ``count`` inside the block (the CPU; a no-op where they already are)."""
+
+    def __init__(self, count: int):
+        self.count, self.before = count, None
+
+    def __enter__(self):
+        if torch.get_num_threads() != self.count:
+            self.before = torch.get_num_threads()
+            torch.set_num_threads(self.count)
+
+    def __exit__(self, *exc):
+        if self.before is not None:
+            torch.set_num_threads(self.before)
 
 
 def _plain(value) -> bool:

@@ -118,7 +118,7 @@ class Runner:
         return self.reference.screen(req.seeds, req.compile)
 
     def ref_time(self, req: RefTime) -> RefTimeAnswer:
-        return RefTimeAnswer(times_ms=self.reference.time(req.calls, req.warmup, req.flush_bytes))
+        return RefTimeAnswer(times_ms=self.reference.time(req.calls, req.warmup, req.flush_bytes, req.models))
 
     def device_probe(self, req: DeviceProbe) -> ProbeAnswer:
         return ProbeAnswer(busy_ms=exchange.other_work_ms(self.device))

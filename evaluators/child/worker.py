@@ -48,8 +48,8 @@ from protocol import (
 
 
 class _Layout:
-    def __init__(self, inputs: list, spill: list, null: list, handles: list[str]):
-        self.inputs, self.spill, self.null, self.handles = inputs, spill, null, handles
+    def __init__(self, inputs: list, spill: list, handles: list[str]):
+        self.inputs, self.spill, self.handles = inputs, spill, handles
 
 
 class _Ops(NamedTuple):
@@ -201,11 +201,7 @@ class Worker:
                 return exchange.view(self.memory.bytes_at(pointer, size), dtype, spec.shape, spec.stride)
             return exchange.view(host.raw, dtype, spec.shape, spec.stride, spec.offset)
 
-        spill = [tensor(s) for s in message.spill]
-        # A calibration call's outputs: the worker's own memory on a GPU (read as a real call's are),
-        # the spill buffers on the CPU.
-        null = [torch.zeros_like(t) for t in spill] if self.cuda else spill
-        self.layouts[message.layout] = _Layout([tensor(s) for s in message.inputs], spill, null,
+        self.layouts[message.layout] = _Layout([tensor(s) for s in message.inputs], [tensor(s) for s in message.spill],
                                                [spec.handle for spec in specs if self.cuda])
 
     def _release(self, message: Release) -> None:
@@ -224,11 +220,6 @@ class Worker:
             torch.cuda.set_stream(torch.cuda.default_stream(self.device))
             flags = self.flags[0]
             self.memory.wait_value(torch.cuda.default_stream(self.device), flags.base + exchange.SEQ, go.k)
-        if go.null:
-            if self.cuda:
-                flags.echo()
-            return Done(k=go.k, outputs=[self.ops.share(self, t, i, layout) for i, t in enumerate(layout.null)],
-                        sequence=len(layout.null) != 1)
         findings = None
         try:
             with torch.no_grad():

@@ -71,7 +71,8 @@ def baseline(
     device: options.Device = None,
     as_json: options.Json = False,
 ) -> None:
-    """Measure and cache eager and torch.compile times for a task source (by task hash, device, torch version)."""
+    """Measure eager and torch.compile times for a task source; torch.compile's is cached, with the eager time
+    beside it (by task hash, device, torch version)."""
     from kernel_env.evaluators.baselines import BaselineCache
     from kernel_env.evaluators.harness import measure_baselines
     from kernel_env.runtime.episode import default_device

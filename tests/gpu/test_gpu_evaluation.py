@@ -120,12 +120,13 @@ def test_a_forward_that_waits_on_the_host_is_correct_and_timed(pool, tmp_path):
 
 
 def test_the_judges_time_of_a_kernel_is_near_do_bench(pool, tmp_path):
-    """The fused relu(x + y) at 64M elements (~0.2 ms, bound by memory): the judge's time, less its
-    calibrated round trip, within 15 % of Triton's do_bench of the same kernel in one process."""
+    """The fused relu(x + y) at 64M elements (~0.2 ms, bound by memory): eager's own time plus the
+    candidate's calls less the yardstick's through the same worker, within 15 % of Triton's do_bench
+    of the same kernel in one process."""
     import triton
 
     result = _evaluate(pool, RELU_ADD, _triton_solution(tmp_path, "turn4_fused"), mode=Mode.PROFILE)
-    assert result.correct and result.runtime.round_trip_ms is not None, result.summary()
+    assert result.correct and result.runtime.method == "relative" and result.runtime.yardstick_raw_ms, result.summary()
     spec = importlib.util.spec_from_file_location("fused", SOLUTIONS / "turn4_fused.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -197,9 +198,8 @@ def test_diag_matmul_row_scaling_reaches_reward_3(pool, tmp_path):
     task = Task(id="kernelbench/L1/12", code=(SOLUTIONS / "diag_matmul_task.py").read_text(), source="kernelbench", level=1)
     result = _evaluate(pool, task, _triton_solution(tmp_path, "diag_matmul_rowscale"))
     assert result.correct and result.reward == 3, result.summary()
-    # Paid only against both baselines timed again after it (harness._Script.confirm_speedup).
-    for kind in ("eager", "compile"):
-        assert f"baseline worker (confirming a speed-up): {kind} timing" in result.steps_s, result.steps_s
+    # Established, not a close call: the speed-up clears the margin by more than the measurement's error.
+    assert not result.close_calls, result.summary()
 
 
 def test_cuda_extension_example_builds_and_is_fast(pool):

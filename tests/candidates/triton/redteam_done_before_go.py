@@ -1,8 +1,8 @@
 """Red team: answering a timed call before the judge has even sent its ``Go``.
 
 On the CPU the judge's clock starts, the judge copies the call's inputs into the shared memfd, and only
-then sends ``Go`` and waits for ``Done``; the calibrated round trip (taken out of every timed call) is
-the whole Go -> worker -> Done path of the worker's standard code. The worker can see the inputs land
+then sends ``Go`` and waits for ``Done``; the yardstick every timed call is compared with (the task's Model through the worker)
+holds the whole Go -> worker -> Done path of the worker's standard code. The worker can see the inputs land
 in the shared memory before ``Go`` arrives. So it spins on the last elements of ``y`` in the memfd,
 computes the output into the spill buffer the moment they change, and sends ``Done`` for the call
 number it can predict (k only counts up) right away: by the time the judge waits for its answer, the
@@ -11,10 +11,9 @@ spends (waking up, decoding ``Go``, the model call, encoding ``Done``) is then t
 time although the call never spent it, and the work itself overlaps the judge's own sending of ``Go``.
 
 The hook is ``socket.recv_fds`` (the socket module is not among what the integrity check watches): it
-sees every message the worker receives, so it knows each call's number and layout, and that in the
-timing run every empty (null) call is followed by a timed one (audited calls only ever follow timed
-ones). Only those timed calls are answered early; trials, warm-up and audited calls run the honest
-Triton kernel through the worker's own path. No thread, no replaced harness attribute, no mode.
+sees every message the worker receives, so it knows each call's number and layout. Every call after
+a call that was not audited (the trials all are) is answered early: the warm-up's and the timing
+run's, and an audited one at a secret position, whose early answer carries no audit (a violation). No thread, no replaced harness attribute, no mode.
 
 The early answer is computed with torch's eager ops (add, relu): eager's own work. The harness must
 time it no faster than that work: correct and at least about eager's time (or reject it).
@@ -23,6 +22,7 @@ time it no faster than that work: correct and at least about eager's time (or re
 import gc
 import json
 import os
+import select
 import socket
 import sys
 
@@ -49,6 +49,8 @@ def _answer_early(sock):
     spill = layout.spill[0]
     before = _state["before"]
     while _tail(layout) == before:  # the judge copies x, then y: y's last elements land last
+        if select.select([sock], [], [], 0)[0]:  # a message, and no inputs: the phase is over (Stop)
+            return
         os.sched_yield()  # leave the judge its core on a busy 2-core machine
     torch.add(x, y, out=spill)
     spill.clamp_(min=0)
@@ -74,10 +76,11 @@ def _recv_fds(sock, bufsize, maxfds, flags=0):
             message = {}
         if message.get("type") == "Go":
             _state["k"], _state["layout"] = message["k"], message["layout"]
-            if _state["swallow"] == message["k"]:  # answered already
+            if _state["swallow"] == message["k"]:  # answered already: settled too, as the worker would
                 _state["swallow"] = None
+                sock.send(_protocol.Settled(k=message["k"]).encode())
                 continue
-            if message.get("null"):  # in the timing run, the next call is a timed one
+            if not message.get("audit"):  # after the trials, the next call is a warm-up, timed or audited one
                 _state["armed"] = True
                 _state["before"] = _tail(_worker.layouts[message["layout"]])
         return received

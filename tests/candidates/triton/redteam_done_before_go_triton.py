@@ -1,11 +1,12 @@
 """Red team: redteam_done_before_go with the honest work: the early answer runs the honest Triton kernel
 (the same work as honest.py, no torch compute at all). The discount is the same (the worker's standard
-round trip, calibrated out but never spent); against the interpreted kernel's ~2.7 ms it is a smaller
+round trip, in the yardstick but never spent); against the interpreted kernel's ~2.7 ms it is a smaller
 share. The harness must time it no faster than the honest kernel (within noise)."""
 
 import gc
 import json
 import os
+import select
 import socket
 import sys
 
@@ -31,6 +32,8 @@ def _answer_early(sock):
     spill = layout.spill[0]
     before = _state["before"]
     while _tail(layout) == before:  # the judge copies x, then y: y's last elements land last
+        if select.select([sock], [], [], 0)[0]:  # a message, and no inputs: the phase is over (Stop)
+            return
         os.sched_yield()  # leave the judge its core on a busy 2-core machine
     relu_add(x, y, spill)
     k = _state["k"] + 1
@@ -55,10 +58,11 @@ def _recv_fds(sock, bufsize, maxfds, flags=0):
             message = {}
         if message.get("type") == "Go":
             _state["k"], _state["layout"] = message["k"], message["layout"]
-            if _state["swallow"] == message["k"]:  # answered already
+            if _state["swallow"] == message["k"]:  # answered already: settled too, as the worker would
                 _state["swallow"] = None
+                sock.send(_protocol.Settled(k=message["k"]).encode())
                 continue
-            if message.get("null"):  # in the timing run, the next call is a timed one
+            if not message.get("audit"):  # after the trials, the next call is a warm-up, timed or audited one
                 _state["armed"] = True
                 _state["before"] = _tail(_worker.layouts[message["layout"]])
         return received

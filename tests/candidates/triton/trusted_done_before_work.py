@@ -24,8 +24,6 @@ def _fill_later(spill, x, y):
 
 
 def _early(worker, go):
-    if go.null:
-        return _call(worker, go)
     layout = worker.layouts[go.layout]
     x, y = layout.inputs
     spill = layout.spill[0]

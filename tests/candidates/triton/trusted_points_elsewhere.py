@@ -17,11 +17,9 @@ _last = []
 
 
 def _replay(worker, go):
-    if go.null or not _last:
+    if not _last:
         done = _call(worker, go)
-        if not go.null:
-            layout = worker.layouts[go.layout]
-            _last.append(layout.spill[0].clone())  # this call's answer, for the next call
+        _last.append(worker.layouts[go.layout].spill[0].clone())  # this call's answer, for the next call
         return done
     spill = worker.layouts[go.layout].spill[0]
     spill.copy_(_last[-1])  # the previous call's answer, as this one's
