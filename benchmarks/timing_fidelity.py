@@ -62,7 +62,7 @@ def size(pool: LocalPool, elements: int, jobs: int, solution: Path) -> dict:
         records.append({"reward": result.reward, "close_calls": result.close_calls, "seconds": result.duration_s,
                         **{name: t.model_dump() for name, t in zip(MODELS, (runtime, result.eager, result.compiled_baseline))}})
         print(f"{elements} job {job} ({result.duration_s:.1f} s): candidate {runtime.median_ms * 1e3:.1f} us "
-              f"(+-{runtime.sem_ms * 1e3:.2f}: raw {runtime.raw_median_ms * 1e3:.1f} - yardstick "
+              f"(+-{runtime.sem_ms * 1e3:.2f}: raw {runtime.raw_ms * 1e3:.1f} - yardstick "
               f"{runtime.yardstick_raw_ms * 1e3:.1f} + eager {result.eager_ms * 1e3:.1f}; drift {runtime.drift:+.2%}), "
               f"compile {result.compile_ms * 1e3:.1f} us, reward {result.reward}", flush=True)
     rows = {}

@@ -61,21 +61,24 @@ def through_worker(yardstick: list[float], shares: list[float]) -> Timing:
 
 def relative(eager: Timing, yardstick: list[float], yardstick_local: list[float], calls: list[float],
              calls_local: list[float]) -> Timing:
-    """A candidate's time: ``eager`` (the Model's own time, local) plus what its ``calls`` through a worker
+    """A candidate's time: ``eager`` (the Model's own time: ``local``, or ``through_worker``) plus what its ``calls`` through a worker
     took beyond the Model's calls through the same worker before the candidate existed there
     (``yardstick``), each run's calls summed up by their trimmed mean (``trimmed_mean``).
-    ``*_local``: the judge's own calls of the Model beside each run, the machine's pace."""
+    ``*_local``: the judge's own calls of the Model before each run, the machine's pace."""
     base = trimmed_mean(yardstick)
     difference = trimmed_mean(calls) - base
     shifted = [max(eager.median_ms + t - base, FLOOR_MS) for t in calls]
     _, quartiles = _summary(shifted)
-    drift = statistics.median(calls_local) - statistics.median(yardstick_local)
-    # The pace moved by what the two batches' medians differ beyond their own noise (two standard errors).
-    moved = max(0.0, abs(drift) - 2 * math.hypot(sem(calls_local), sem(yardstick_local)))
+    drift, moved = None, 0.0
+    if calls_local and yardstick_local:  # (none on the CPU: the judge's pace is not the worker's there)
+        drift = statistics.median(calls_local) - statistics.median(yardstick_local)
+        # The pace moved by what the two batches' medians differ beyond their own noise (two standard errors).
+        moved = max(0.0, abs(drift) - 2 * math.hypot(sem(calls_local), sem(yardstick_local)))
     error = math.sqrt(trimmed_sem(calls) ** 2 + trimmed_sem(yardstick) ** 2 + moved ** 2 + (eager.sem_ms or 0.0) ** 2)
     return Timing(median_ms=max(eager.median_ms + difference, FLOOR_MS), min_ms=min(shifted), max_ms=max(shifted),
                   calls=len(calls), p25_ms=quartiles[0], p75_ms=quartiles[2], sem_ms=error, method="relative",
-                  raw_median_ms=trimmed_mean(calls), yardstick_raw_ms=base, drift=drift / max(statistics.median(yardstick_local), FLOOR_MS))
+                  raw_ms=trimmed_mean(calls), yardstick_raw_ms=base,
+                  drift=None if drift is None else drift / max(statistics.median(yardstick_local), FLOOR_MS))
 
 
 def trimmed_mean(times: list[float]) -> float:

@@ -115,7 +115,9 @@ def _concluded(result: EvalResult, job: EvalJob, started: float) -> EvalResult:
 def measure_baselines(task_id: str, task_code: str, *, device: str = "cpu", baselines: BaselineCache | None = None,
                       settings: EvalSettings | None = None) -> EvalResult:
     """Time one task's baselines (eager, and torch.compile unless the settings leave it out) in a
-    judge's own process, as a job does; the compiled time is cached (``baselines.py``).
+    judge's own process; the compiled time is cached (``baselines.py``). On the CPU a job holds a
+    candidate against eager in its worker instead (``clock.through_worker``), which no judge alone
+    can time: the eager time here is the judge's.
 
     Returns an EvalResult carrying only ``eager``/``compiled_baseline`` (or ``error``)."""
     job = EvalJob(job_id="baseline", task_id=task_id, task_code=task_code, language="cpp", device=device.split(":")[0],

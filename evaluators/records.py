@@ -30,8 +30,9 @@ class EvalSettings(BaseModel):
                                           # yardstick (the task's Model through the candidate's worker) as many
     warmup_calls: int = 3
     audited_timed_calls: int = 4          # extra audited (untimed) calls at secret positions of the timing run
-    # A candidate whose milestone lies within its measurement's noise (reward.close_calls) is timed
-    # again, its calls pooled, up to this many timing runs in all; then the medians decide.
+    # A candidate whose milestone lies within its measurement's noise (reward.close_calls) gets more
+    # calls in the same timing run, pooled, up to this many times timed_calls; one still within it is
+    # not paid the speed-up (reward.established_milestone).
     timing_runs: int = 3
     flush_bytes: int = 128 << 20          # the cache flush inside each call, twice (an H100's L2 is 50 MB, an H200's 60)
     job_timeout_s: float = 600.0          # bound on a timing run (baselines: torch.compile's first call is slow)
@@ -98,13 +99,14 @@ class Timing(BaseModel):
     """Milliseconds per call (``evaluators/clock.py``). ``method``: ``local``, a baseline's own calls
     in the judge's process, summed up by their median; ``worker`` (eager on the CPU), the Model's
     calls through the candidate's worker before the candidate existed there, less the judge's own
-    share of a call; ``relative``, a candidate's: eager's local
-    time plus the trimmed mean of its calls through its worker (``raw_median_ms``, the whole call on
-    the judge's clock) less that of the task's Model's calls through the same worker before the
+    share of a call; ``relative``, a candidate's: eager's time
+    plus the trimmed mean of its calls through its worker (``raw_ms``, the whole call on the
+    judge's clock) less that of the task's Model's calls through the same worker before the
     candidate existed there (``yardstick_raw_ms``); its quartiles and extremes are its calls shifted
     alike. ``sem_ms``: the standard error of ``median_ms`` (a relative time's with its yardstick's,
     eager's and the drift); ``drift``: the machine's pace beside the candidate's calls over its pace
-    beside the yardstick's, less 1 (the judge's own calls of the Model beside each)."""
+    beside the yardstick's, less 1 (the judge's own calls of the Model before each run; on a GPU only:
+    on the CPU a model's pace in the judge says nothing of its pace in the worker)."""
 
     median_ms: float
     min_ms: float
@@ -114,7 +116,7 @@ class Timing(BaseModel):
     p75_ms: float | None = None
     sem_ms: float | None = None
     method: Literal["local", "worker", "relative"] = "local"
-    raw_median_ms: float | None = None
+    raw_ms: float | None = None
     yardstick_raw_ms: float | None = None
     drift: float | None = None
 
@@ -147,9 +149,9 @@ class EvalResult(BaseModel):
     #: a harness error); None when correct. An evaluator's fault is never paid as a reward.
     fault: Fault | None = None
     #: Baselines ("eager", "compile") whose milestone decision lies within the measured noise after
-    #: every timing run the settings allow: the speed-up's distance from the margin is under twice its
-    #: standard error, so another run may decide it the other way. The milestone stays what the
-    #: medians say (reward.close_calls).
+    #: every call the timing run may add: the speed-up's distance from the margin is under twice its
+    #: standard error, so another run may decide it the other way; such a speed-up is not paid
+    #: (reward.close_calls, reward.established_milestone).
     close_calls: list[str] = Field(default_factory=list)
     # What the verdict was judged with (the job's settings), so every report states the real numbers.
     atol: float = EvalSettings.model_fields["atol"].default

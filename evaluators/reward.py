@@ -87,11 +87,12 @@ def close_calls(result: EvalResult) -> list[str]:
 
 
 def _surely_faster(result: EvalResult, baseline) -> bool:
+    """``faster`` with the margin raised by ``CONFIDENCE`` standard errors of the speed-up."""
     gain = _gain(result, baseline)
     if gain is None:
         return False
-    value, error = gain
-    return value > result.speedup_margin + (CONFIDENCE * error if error is not None else 0.0)
+    margin = result.speedup_margin + (CONFIDENCE * gain[1] if gain[1] is not None else 0.0)
+    return faster(result.runtime.median_ms, baseline.median_ms, margin)
 
 
 def _gain(result: EvalResult, baseline) -> tuple[float, float | None] | None:

@@ -940,7 +940,9 @@ def test_honest_triton_kernel_is_timed(jobs):
     jobs.ensure_baselines()
     result = jobs.timed("triton", "honest")
     assert_honest(result)
-    assert result.runtime is not None and result.runtime.calls == SETTINGS.timed_calls
+    # Every timed call counted: one run's, or more while the milestone was within the noise (close_calls).
+    runs = range(SETTINGS.timed_calls, SETTINGS.timing_runs * SETTINGS.timed_calls + 1, SETTINGS.timed_calls)
+    assert result.runtime is not None and result.runtime.calls in runs, result.runtime
     assert result.eager_ms and result.compile_ms and result.runtime_ms > 0
     # Where the job's time went: every stage of both children, within the job's own duration.
     for step in ("judge: start", "judge: Setup", "judge: RefTrials", "worker: Load", "candidate: yardstick",

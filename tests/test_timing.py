@@ -4,6 +4,7 @@ candidate's time relative to the yardstick (``clock.py``), and the baselines' ca
 from __future__ import annotations
 
 import json
+import math
 import os
 import textwrap
 
@@ -143,6 +144,18 @@ def test_the_machines_pace_moving_between_the_yardstick_and_the_candidate_widens
                            _noisy(1.1, 0.01, 30, 5))
     assert moved.drift == pytest.approx(0.1, abs=0.01) and abs(same.drift) < 0.01
     assert moved.sem_ms > 0.09 and same.sem_ms < 0.01
+
+
+def test_without_the_judges_own_calls_no_drift_is_claimed():
+    """On the CPU the judge makes no calls of its own beside the runs (its pace is not the worker's)."""
+    from kernel_env.evaluators import clock
+
+    eager = clock.through_worker(_noisy(3.0, 0.1, 30, 1), _noisy(1.0, 0.05, 30, 2))
+    timing = clock.relative(eager, _noisy(3.0, 0.1, 30, 1), [], _noisy(2.0, 0.1, 30, 3), [])
+    assert eager.method == "worker" and eager.median_ms == pytest.approx(2.0, abs=0.05)
+    assert timing.drift is None and timing.median_ms == pytest.approx(1.0, abs=0.05)
+    assert timing.sem_ms == pytest.approx(math.sqrt(clock.trimmed_sem(_noisy(2.0, 0.1, 30, 3)) ** 2
+                                                    + clock.trimmed_sem(_noisy(3.0, 0.1, 30, 1)) ** 2 + eager.sem_ms ** 2))
 
 
 def test_a_cached_compile_time_follows_this_jobs_eager_pace():

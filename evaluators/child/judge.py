@@ -87,7 +87,6 @@ class Judge:
         self.host_wait_s = _HOST_WAIT_S
         self._k = 0
         self._flush: torch.Tensor | None = None
-        self._flush_local: torch.Tensor | None = None  # the local calls' (``_time``), apart from the calls'
         self._flush_bytes = 0
         self._host_buffers: list[exchange.HostBuffer] = []  # kept mapped while the worker uses them
         self._loopback: tuple | None = None  # (the CPU) a socket of the judge's own, for ``_own_share``
@@ -163,15 +162,13 @@ class Judge:
         return records
 
     def _time(self, req: Drive) -> list[CallRecord]:
-        """The timed calls, each the whole call on the judge's clock, after as many calls of the task's
-        Model in the judge's own process (``local``, as ``RefTime`` times them, after one more to warm
+        """The timed calls, each the whole call on the judge's clock, after (on a GPU) as many calls of the
+        task's Model in the judge's own process (``local``, as ``RefTime`` times them, after one more to warm
         up): the machine's pace around the worker's calls, which the harness compares with its pace
         around the yardstick's. Every call of the worker's is made alike (its inputs, the reference's
         run, its comparison), so nothing it sees before ``Go`` tells an audited call from a timed one."""
-        size = max(self._flush_buffer().numel(), 1)
-        if self._flush_local is None or self._flush_local.numel() != size:
-            self._flush_local = torch.empty(size, dtype=torch.uint8, device=self.device)
-        local = self.reference.time_with(self._flush_local, req.calls, 1)["eager"]
+        # (Not on the CPU, where a model's speed depends on its process: the judge's pace is not the worker's.)
+        local = self.reference.time_with(self._flush_buffer(), req.calls, 1)["eager"] if self.cuda else []
         records = [CallRecord(k=0, kind="local", time_ms=elapsed) for elapsed in local]
         checked = set(secrets.SystemRandom().sample(range(req.calls), min(req.checked, req.calls)))
         for index in range(req.calls):

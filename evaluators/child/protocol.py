@@ -153,7 +153,7 @@ class Drive(Message):
     ``trials``: the reference's trials, compared in full. ``warmup``: ``calls`` calls, neither
     judged nor timed. ``time``: ``calls`` timed calls, ``checked`` of them (which ones is secret; a
     candidate's: all) compared in full, with an audited call after each position in ``audit_at``,
-    after as many calls of the task's Model in the judge's own process (``local``); ``own_share`` (the
+    after (on a GPU) as many calls of the task's Model in the judge's own process (``local``); ``own_share`` (the
     CPU, the yardstick's run only): before each timed call, the judge's own share of a call
     (``share``: the same steps with no worker)."""
     phase: Phase
@@ -192,7 +192,8 @@ class TrialVerdict(Message):
 class CallRecord(Message):
     """One call, as the judge saw it: its verdict (None where unchecked), its time on the judge's
     clock, the whole call (None where untimed), and the worker's findings. A ``local`` call is the
-    task's Model in the judge's own process (``RefTime``'s way), made beside the worker's timed calls."""
+    task's Model in the judge's own process (``RefTime``'s way), made before a run's timed calls; a
+    ``share`` call the judge's own share of a call on the CPU (``Drive.own_share``)."""
     k: int
     kind: str  # "trial", "warmup", "timed", "audited", "local", "share"
     verdict: TrialVerdict | None = None

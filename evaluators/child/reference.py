@@ -35,7 +35,7 @@ class Reference:
         self.model32 = None  # a float32 copy of the Model, for half-precision tasks (``precise``)
         self._compiled = None  # torch.compile of the Model (``compiled``)
         #: The threads a worker computes with (the process's default): the Model's own timings use them
-        #: (``timed_call``), while the judge otherwise keeps to one (``judge.Judge``).
+        #: (``time_with``), while the judge otherwise keeps to one (``judge.Judge``).
         self.threads = torch.get_num_threads()
         #: per model, the host's time to launch a forward (``timed_call``): the last one's, at least half the one before
         self._launch_s: dict[int, float] = {}
@@ -187,10 +187,10 @@ class Reference:
     def timed_call(self, model, inputs: list, flush: torch.Tensor) -> float:
         """Milliseconds of one forward of ``model`` on ``inputs`` in this process: the caches flushed
         first, then device events around the forward on a GPU, the process's clock on the CPU. On a
-        GPU the device is kept busy (``_preroll``) until the
-        host has launched the whole forward, so the time is the device's, as a worker's call is
-        timed (queued ahead of its start): not the host's launches, which a slow host or a
-        compiled model's guards otherwise put into a small kernel's time several times over."""
+        GPU the device is kept busy (``_preroll``) until the host has launched the whole forward, so
+        the time is the device's, as a worker's call is timed (queued ahead of its start): not the
+        host's launches, which a slow host or a compiled model's guards otherwise put into a small
+        kernel's time several times over."""
         args = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs] if self.mutates_inputs else inputs
         with torch.no_grad():
             if self.device.type == "cuda":
