@@ -82,10 +82,10 @@ def relative(eager: Timing, yardstick: list[float], yardstick_local: list[float]
 
 
 def trimmed_mean(times: list[float]) -> float:
-    """The mean of the middle ``1 - 2 * TRIM`` of ``times``. A call through a worker falls in one of
-    two modes a few microseconds apart (how the GPU's switch between the two processes' contexts
-    lands), in shares that differ from run to run: a median jumps by the whole gap when the shares
-    cross a half, a mean moves with the share alone; the trim drops the stalls."""
+    """The mean of the middle ``1 - 2 * TRIM`` of ``times``: the trim drops the stalls a call through
+    another process now and then takes; where calls fall in modes (a worker's done word written by a
+    kernel put them in two, 7 us apart: ``exchange.Flags``), a mean moves with the modes' shares
+    where a median jumps by their whole gap."""
     ordered = sorted(times)
     cut = int(len(ordered) * TRIM)
     kept = ordered[cut:len(ordered) - cut] or ordered

@@ -10,7 +10,7 @@ docs/design.md, What is trusted, and One call, and the clock.
   stream memory operations (``cuStreamWaitValue32`` / ``cuStreamWriteValue32``).
 - ``DeviceBuffer``: a device allocation of the judge's own (``cuMemAlloc``: mapping it exposes
   nothing else of the judge's memory), shared through its IPC handle.
-- ``Flags``: the GPU's three call words (``SEQ``, ``NONCE``, ``DONE``) in a page the judge owns.
+- ``Flags``: the GPU's two call words (``SEQ``, ``DONE``) in a page the judge owns.
 - ``view``, ``layout_of``, ``dense``, ``contiguous_strides``: tensors laid over shared bytes.
 - ``other_work_ms``: whether another process's work holds the device (before a timing run).
 
@@ -244,15 +244,17 @@ class DeviceBuffer:
         memory.free(self.pointer)
 
 
-#: Offsets of the three words in the flags page.
-SEQ, NONCE, DONE = 0, 4, 8
+#: Offsets of the two words in the flags page.
+SEQ, DONE = 0, 4
 
 
 class Flags:
-    """The GPU's call flags: ``SEQ`` (the call's number, which the worker's stream waits for),
-    ``NONCE`` (a secret number per call, written just before ``SEQ``) and ``DONE`` (where the
-    worker copies the nonce once its work is queued). The judge allocates the page; the worker
-    opens it by ``handle``."""
+    """The GPU's call flags: ``SEQ`` (the call's number, which the worker's stream waits for) and
+    ``DONE`` (where the worker's stream writes the number once its work is done). Both are written by
+    stream memory operations (``cuStreamWriteValue32``), never by a kernel: a kernel's write of the
+    done word put the judge's wake-up in one of two modes 7 us apart on an H200, in shares that
+    changed from run to run (docs/design.md, One call, and the clock). The judge allocates the
+    page; the worker opens it by ``handle``."""
 
     def __init__(self, memory: DeviceMemory, handle: str | None = None):
         self.memory = memory
@@ -261,14 +263,13 @@ class Flags:
             self.handle = memory.export(self.base)
         else:
             self.base, size = memory.open(handle)
-            if size < 12:
+            if size < 8:
                 raise ValueError("a flags page too small")
             self.handle = handle
-        self.words = memory.bytes_at(self.base, 12).view(torch.int32)
 
-    def echo(self) -> None:
-        """(The worker.) Copy the nonce into the done word on the current stream: its work is queued before it."""
-        self.words[2:3].copy_(self.words[1:2])
+    def done(self, stream: torch.cuda.Stream, k: int) -> None:
+        """(The worker.) ``stream`` writes call ``k``'s number to the done word once its work is done."""
+        self.memory.write_value(stream, self.base + DONE, k)
 
 
 #: A tiny kernel's launch and completion takes ~20 us on an idle H100; a device time-shared with

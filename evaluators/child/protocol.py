@@ -9,7 +9,7 @@ Two conversations, both of them here:
   answers come from a process that runs candidate code.
 - **judge <-> worker** (the call protocol, ``judge.py`` and ``worker.py``), on a socket of their
   own that the harness hands each of them (``Connect``): the judge sends ``Buffers`` (where the
-  inputs and the spill outputs live), ``Flags`` (the GPU's call number, nonce and done words), one
+  inputs and the spill outputs live), ``Flags`` (the GPU's call number and done words), one
   ``Go`` per call and ``Stop`` after a phase's calls; the worker answers each ``Go`` with a ``Done``
   naming where its outputs are, then ``Settled``. Nothing the worker sends is trusted: a ``Done``
   only says where to look, and the judge reads and judges the memory itself.

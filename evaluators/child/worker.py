@@ -4,8 +4,8 @@ Model for the eager and torch.compile baselines), and nothing it says is trusted
 It maps the buffers the judge shares (``exchange``), and for each ``Go`` runs the model on the
 call's inputs and answers ``Done``: where its outputs are. On a GPU it queues the call behind a
 wait for the call's number and answers as soon as it is queued, so its launches are done before
-the judge's clock starts; its stream copies the call's nonce to the done word after the forward,
-which is how the judge learns the work is over. The judge reads the outputs and keeps the time
+the judge's clock starts; its stream writes the number to the done word after the forward, which
+is how the judge learns the work is over. The judge reads the outputs and keeps the time
 (``judge.py``); so a candidate that reaches every object here, the channel and the flags included,
 can at worst be judged on the work it really did, at the speed it really ran.
 
@@ -236,8 +236,9 @@ class Worker:
         self.kept.append(out)
         refs = [self.ops.share(self, t, i, layout) for i, t in enumerate(outputs)]
         if self.cuda:
-            torch.cuda.set_stream(torch.cuda.default_stream(self.device))  # the legacy stream: after every blocking stream's work
-            flags.echo()
+            stream = torch.cuda.default_stream(self.device)  # the legacy stream: after every blocking stream's work
+            torch.cuda.set_stream(stream)
+            flags.done(stream, go.k)
         return Done(k=go.k, outputs=refs, sequence=is_sequence(out), findings=findings)
 
     def _share(self, t: torch.Tensor, index: int, layout: _Layout) -> OutputRef:

@@ -99,11 +99,13 @@ def test_a_side_stream_joined_back_is_honest_and_timed_whole(pool, tmp_path):
     assert joined.runtime_ms >= 0.8 * fused.runtime_ms, (joined.runtime_ms, fused.runtime_ms)
 
 
-def test_saying_done_before_the_work_buys_no_time(pool, tmp_path, monkeypatch):
-    """The worker's own done word written before any work, the output computed on a side stream after a
-    millisecond's spin: wrong, or timed with the spin in it (the source rules are off: the clock alone)."""
+@pytest.mark.parametrize("solution", ["early_done", "early_done_before_start"])
+def test_saying_done_before_the_work_buys_no_time(pool, tmp_path, monkeypatch, solution):
+    """The worker's own done word written before any work (after the call's start, or before it), the
+    output computed on a side stream after a millisecond's spin: wrong, or timed with the spin in it
+    (the source rules are off: the clock alone)."""
     monkeypatch.setattr(harness, "check_sources", lambda snapshot: [])
-    result = _evaluate(pool, RELU_ADD_1M, _triton_solution(tmp_path, "early_done"), mode=Mode.PROFILE)
+    result = _evaluate(pool, RELU_ADD_1M, _triton_solution(tmp_path, solution), mode=Mode.PROFILE)
     if result.correct:
         assert result.runtime_ms >= 0.5, result.summary()  # the ~1 ms spin was timed
     else:

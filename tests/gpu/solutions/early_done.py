@@ -1,10 +1,12 @@
-"""An attack on the judge's clock: forward reaches the worker (through gc), says its call is done at
-once (the nonce copied to the done word on the default stream, before any work), and computes the
-output on a side stream that first spins for about a millisecond. The judge snapshots the outputs once
-the done word holds the nonce: either the output is not there yet (wrong), or the spin and the kernel
-ran before the snapshot and are in the time. Never correct and faster than its work."""
+"""An attack on the judge's clock: forward reaches the worker (through gc) and the call's number (from
+the worker's frame), says its call is done at once (the number written to the done word on the
+default stream, before any work), and computes the output on a side stream that first spins for
+about a millisecond. The judge snapshots the outputs once the done word holds the number: either the
+output is not there yet (wrong), or the spin and the kernel ran before the snapshot and are in the
+time. Never correct and faster than its work."""
 
 import gc
+import sys
 
 import torch
 import torch.nn as nn
@@ -21,7 +23,6 @@ def kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 def _worker():
-    import sys
     return next(o for o in gc.get_objects() if isinstance(o, sys.modules["worker"].Worker))
 
 
@@ -34,7 +35,10 @@ class ModelNew(nn.Module):
     def forward(self, x, y):
         out = torch.empty_like(x)
         self.side.wait_stream(torch.cuda.current_stream())  # the inputs are there once the call starts
-        self.worker.flags[0].echo()  # "done", on the default stream, before any work
+        frame = sys._getframe(1)
+        while "go" not in frame.f_locals:
+            frame = frame.f_back
+        self.worker.flags[0].done(torch.cuda.default_stream(), frame.f_locals["go"].k)  # "done", before any work
         with torch.cuda.stream(self.side):
             torch.cuda._sleep(2_000_000)  # about a millisecond
             kernel[(triton.cdiv(x.numel(), 4096),)](x, y, out, x.numel(), BLOCK=4096, num_warps=8)
