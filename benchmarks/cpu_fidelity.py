@@ -11,9 +11,9 @@ on, candidate / eager, per job against the in-process one, the rewards, and the 
 in-process times give.
 
 What the rows read (docs/performance.md, The CPU clock): the rewards should be the in-process
-milestone's in every job, and the ratio near the in-process one. ``OMP_WAIT_POLICY=PASSIVE python
-benchmarks/cpu_fidelity.py`` runs the same with the OpenMP runtimes' threads sleeping, not spinning,
-after each parallel region (the evaluation's children inherit the variable).
+milestone's in every job, and the ratio near the in-process one. (The evaluation's children get an
+environment of their own, ``forkserver.child_env``: a variable set for this process, such as
+``OMP_WAIT_POLICY``, changes the in-process peer only.)
 
     python benchmarks/cpu_fidelity.py [--jobs 6] [--elements 1048576] [--json cpu_fidelity.json]
 """
