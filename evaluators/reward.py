@@ -33,8 +33,12 @@ def milestone_reward(correct: bool, runtime_ms: float | None, eager_ms: float | 
     """-1 incorrect (or does not build, or breaks a rule); 3 faster than eager and compile; 2 faster than eager; else 1."""
     if not correct:
         return -1
-    fast_eager = faster(runtime_ms, eager_ms, margin)
-    if fast_eager and faster(runtime_ms, compile_ms, margin):
+    return _milestone(faster(runtime_ms, eager_ms, margin), faster(runtime_ms, compile_ms, margin))
+
+
+def _milestone(fast_eager: bool, fast_compile: bool) -> int:
+    """3 faster than eager and compile; 2 faster than eager; else 1 (a correct candidate)."""
+    if fast_eager and fast_compile:
         return 3
     return 2 if fast_eager else 1
 
@@ -65,10 +69,7 @@ def established_milestone(result: EvalResult) -> int:
     by their medians alone."""
     if not result.correct:
         return -1
-    fast_eager = _surely_faster(result, result.eager)
-    if fast_eager and _surely_faster(result, result.compiled_baseline):
-        return 3
-    return 2 if fast_eager else 1
+    return _milestone(_surely_faster(result, result.eager), _surely_faster(result, result.compiled_baseline))
 
 
 def close_calls(result: EvalResult) -> list[str]:
