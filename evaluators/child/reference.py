@@ -10,8 +10,10 @@ the worker only as the call starts, and compares the worker's outputs here.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -263,20 +265,18 @@ class Reference:
         }
 
 
-class _threads:
+@contextlib.contextmanager
+def _threads(count: int) -> Iterator[None]:
     """torch's intra-op threads set to ``count`` inside the block (the CPU; a no-op where they already are)."""
-
-    def __init__(self, count: int):
-        self.count, self.before = count, None
-
-    def __enter__(self):
-        if torch.get_num_threads() != self.count:
-            self.before = torch.get_num_threads()
-            torch.set_num_threads(self.count)
-
-    def __exit__(self, *exc):
-        if self.before is not None:
-            torch.set_num_threads(self.before)
+    before = torch.get_num_threads()
+    if before == count:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _plain(value) -> bool:
