@@ -447,9 +447,10 @@ class Judge:
         return sources
 
     def _flush_buffer(self) -> torch.Tensor:
-        size = self._flush_bytes if self.cuda else min(self._flush_bytes, 32 << 20)
-        if self._flush is None or self._flush.numel() != max(size, 1):
-            self._flush = torch.zeros(max(size, 1), dtype=torch.uint8, device=self.device)
+        """The phase's cache flush, ``Drive.flush_bytes`` (the harness caps it on the CPU: ``_Script._flush_bytes``)."""
+        size = max(self._flush_bytes, 1)
+        if self._flush is None or self._flush.numel() != size:
+            self._flush = torch.zeros(size, dtype=torch.uint8, device=self.device)
         return self._flush
 
     def _send(self, message: protocol.Message, fds: list[int] = ()) -> None:
