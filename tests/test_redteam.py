@@ -179,3 +179,29 @@ def test_findings_flooded_into_every_answer_neither_kill_the_judge_nor_buy_time(
         assert result.runtime_ms >= 0.5 * honest.runtime_ms, (why(result), honest.runtime_ms)
     else:
         assert_rejected(result, "torch computes")
+
+
+# ============================================================================ the precision contract
+
+
+def test_float16_math_on_a_float32_task_is_refused(jobs):
+    """relu(x + y) computed in float16: within the 1e-2 tolerance, at a precision the task does not have."""
+    result = _answered(jobs, "redteam_half_precision")
+    assert_rejected(result, "less precise than the task's dtype")
+    first = result.trials[0]
+    assert first.float64_error > first.float64_error_limit > first.eager_float64_error, first
+
+
+def test_float16_math_in_the_timed_calls_only_is_refused(jobs):
+    """Full precision in the trials, float16 after: a timed call is held to the contract too."""
+    result = _profile(jobs, "redteam_half_precision_when_timed")
+    assert_rejected(result, "less precise than the task's dtype")
+    assert "timed call" in why(result), why(result)
+    assert all(t.correct for t in result.trials), "refused in a trial: the timed calls' contract was not what caught it"
+
+
+def test_the_honest_kernel_is_held_to_the_contract_and_passes_it(jobs):
+    result = jobs.verify("triton", "honest")
+    assert_honest(result)
+    first = result.trials[0]
+    assert first.float64_error_limit is not None and first.float64_error < first.float64_error_limit / 10, first

@@ -168,14 +168,18 @@ def test_a_task_a_trivial_answer_passes_is_not_evaluated_and_never_paid(tmp_path
 
 def test_an_answer_that_holds_only_for_the_tasks_own_distribution_fails_on_the_varied_trials(tmp_path):
     """x - x.mean(): for 1M standard-normal elements the mean is about 0.001, so returning x passes
-    every trial of the task's own inputs; the shifted trial's mean is 1."""
-    centre = task("x - x.mean()", "[torch.randn(1 << 20)]")
+    every trial of the task's own inputs at the tolerance; the shifted trial's mean is 1. (The precision
+    contract refuses it on the task's own inputs too: its error against a float64 run is 1e-3.)"""
+    centre = task("x - x.mean()", "[torch.randn(1 << 20)]", extra="LOWER_PRECISION = True")  # the tolerance alone
     same_inputs = evaluate_snapshot(tmp_path, centre, RETURNS_X, "cpp",
                                     FAST.model_copy(update={"vary_inputs": False, "refuse_trivial_tasks": False}))
     assert same_inputs.correct, "the shortcut should pass when every trial draws from the task's distribution"
     varied = evaluate_snapshot(tmp_path, centre, RETURNS_X, "cpp")
     assert varied.fault == "candidate" and not varied.correct and varied.reward == -1.0, varied
     assert any(not trial.correct for trial in varied.trials), varied.trials
+    held = evaluate_snapshot(tmp_path, task("x - x.mean()", "[torch.randn(1 << 20)]"), RETURNS_X, "cpp",
+                             FAST.model_copy(update={"vary_inputs": False, "refuse_trivial_tasks": False}))
+    assert not held.correct and "less precise than the task's dtype" in held.trials[0].message, held.trials
 
 
 def test_a_bfloat16_kernel_that_rounds_once_is_judged_against_a_float32_reference(tmp_path):

@@ -159,7 +159,7 @@ class Judge:
         for index, trial in enumerate(self.reference.trials):
             staging = self.reference.make_inputs(trial["seed"], trial["variant"])
             expected = (trial["sequence"], trial["expected"], trial["precise"])
-            record = self._judged_call("trial", staging, expected, req, audit=True, trial=index)
+            record = self._judged_call("trial", staging, expected, req, audit=True, trial=index, contract=trial["variant"])
             records.append(record)
             if not record.verdict.correct:
                 break
@@ -179,11 +179,14 @@ class Judge:
         local = self.reference.time_with(self._flush_buffer(), req.calls, 1)["eager"] if self.cuda else []
         records = [CallRecord(k=0, kind="local", time_ms=elapsed) for elapsed in local]
         checked = set(secrets.SystemRandom().sample(range(req.calls), min(req.checked, req.calls)))
+        # One checked call also under the precision contract: the worker cannot tell which (nor a trial from it).
+        contracted = secrets.choice(sorted(checked)) if checked else -1
         for index in range(req.calls):
             if req.own_share and not self.cuda:
                 staging = self.reference.make_inputs(secrets.randbits(31))
                 records.append(self._own_share(staging, self.reference.run(staging, precise=False)))
-            record = self._timed_call("timed", req, check=index in checked, k_index=index)
+            record = self._timed_call("timed", req, check=index in checked, k_index=index,
+                                      contract="as_is" if index == contracted else None)
             records.append(record)
             if record.verdict is not None and not record.verdict.correct:
                 break
@@ -220,17 +223,28 @@ class Judge:
         theirs.recv(protocol.MAX_MESSAGE)  # the Go, sent to nobody
         return CallRecord(k=go.k, kind="share", time_ms=raw_ms)
 
-    def _timed_call(self, kind: str, req: Drive | None, *, check: bool, audit: bool = False, k_index: int = 0) -> CallRecord:
+    def _timed_call(self, kind: str, req: Drive | None, *, check: bool, audit: bool = False, k_index: int = 0,
+                    contract: str | None = None) -> CallRecord:
         staging = self.reference.make_inputs(secrets.randbits(31))
         expected = self.reference.run(staging, precise=check)
         if check:
-            return self._judged_call(kind, staging, expected, req, audit=audit, trial=k_index)
+            return self._judged_call(kind, staging, expected, req, audit=audit, trial=k_index, contract=contract)
         record, _ = self._call(kind, staging, expected, audit=audit)
         return record
 
-    def _judged_call(self, kind: str, staging: list, expected: tuple, req: Drive, *, audit: bool, trial: int) -> CallRecord:
+    def _judged_call(self, kind: str, staging: list, expected: tuple, req: Drive, *, audit: bool, trial: int,
+                     contract: str | None = None) -> CallRecord:
+        """A call judged against ``expected``; with ``contract`` (the variant ``staging`` was drawn as), an
+        answer within the tolerance is held to the task's precision too (``precision.Contract``: the
+        Model in float64 on ``staging``)."""
         record, got = self._call(kind, staging, expected, audit=audit)
-        record.verdict = _verdict(trial, expected, got, req.atol, req.rtol)
+        verdict = record.verdict = _verdict(trial, expected, got, req.atol, req.rtol)
+        if contract is not None and verdict.correct and self.reference.contract is not None:
+            measure = self.reference.contract.measure(staging, expected[1], got[1], contract)
+            verdict.float64_error, verdict.eager_float64_error = measure.error, measure.eager_error
+            verdict.float64_error_limit, verdict.precision_note = measure.limit, measure.note
+            if measure.refused:
+                verdict.correct, verdict.message = False, measure.message(len(expected[1]))
         return record
 
     # ------------------------------------------------------------------ one call

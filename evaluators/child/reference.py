@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+import precision
 import screen
 from outputs import describe, flatten, is_plain, is_sequence
 from protocol import ReferenceTrial, RefTrials, RefTrialsAnswer
@@ -36,6 +37,7 @@ class Reference:
         self.model = None
         self.model32 = None  # a float32 copy of the Model, for half-precision tasks (``precise``)
         self._compiled = None  # torch.compile of the Model (``compiled``)
+        self.contract: precision.Contract | None = None  # the precision contract of the Model (``init``)
         #: The threads a worker computes with (the process's default): the Model's own timings use them
         #: (``time_with``), while the judge otherwise keeps to one (``judge.Judge``).
         self.threads = torch.get_num_threads()
@@ -95,6 +97,7 @@ class Reference:
             torch.save(None, self.out_dir / "init_inputs.pt")
         torch.manual_seed(init_seed)
         self.model = self.task["Model"](*init).to(self.device).eval()
+        self.contract = precision.Contract(self.model, self.task)
         torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, self.out_dir / "state_dict.pt")
 
     def run_trials(self, req: RefTrials) -> RefTrialsAnswer:

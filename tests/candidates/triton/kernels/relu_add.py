@@ -50,3 +50,21 @@ def copy(t: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(t)
     copy_kernel[(triton.cdiv(t.numel(), BLOCK),)](t, out, t.numel(), BLOCK=BLOCK)
     return out
+
+
+@triton.jit
+def half_relu_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """relu(x + y) computed in float16 (the rounding of tensor-core math), stored as float32."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float16)
+    y = tl.load(y_ptr + offsets, mask=mask).to(tl.float16)
+    v = x + y
+    tl.store(out_ptr + offsets, tl.where(v < 0, 0.0, v).to(tl.float32), mask=mask)
+
+
+def half_relu_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x, y = x.contiguous(), y.contiguous()
+    out = torch.empty_like(x)
+    half_relu_add_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, out, x.numel(), BLOCK=BLOCK)
+    return out
