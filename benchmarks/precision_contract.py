@@ -119,14 +119,6 @@ def measure_task(task, device: torch.device, answers: tuple[str, ...], atol: flo
             entry |= {"refused": found.refused, "error": found.error, "eager_error": found.eager_error,
                       "limit": found.limit, "note": found.note, "output": found.output,
                       "dtype": str(eager[found.output].dtype).removeprefix("torch.")}
-            exact = contract._exact_model() if contract.broken is None else None
-            if exact is not None and found.note is None:  # how each output's errors lean (rounding to nearest: neither way)
-                wide = contract._run(exact, inputs, bits=None)
-                entry["lean"] = [precision.errors(g, w)[1] if isinstance(g, torch.Tensor) and g.is_floating_point()
-                                 and precision.errors(g, w) else None for g, w in zip(got, wide)]
-                entry["eager_lean"] = [precision.errors(e, w)[1] if isinstance(e, torch.Tensor) and e.is_floating_point()
-                                       and precision.errors(e, w) else None for e, w in zip(eager, wide)]
-                del wide
         entry["seconds"] = round(time.monotonic() - started, 2)
         record[name] = entry
         del got

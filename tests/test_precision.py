@@ -163,3 +163,25 @@ def test_rounding_keeps_the_bits_asked_and_leaves_what_is_not_finite():
     assert got[0] == 1.0 and got[1] == 1.0 + 2 ** -9 and got[2] == -3.0 and got[3] == float("inf")
     assert torch.isnan(got[4]) and got[5] == 0.0
     assert precision.rounded(torch.tensor([1.3], dtype=torch.bfloat16), 2).item() == 1.25
+
+
+def test_a_call_with_no_room_for_the_float64_run_is_not_checked_and_the_next_one_is(monkeypatch):
+    """Memory pressure (the candidate's own allocations, or a neighbour's) skips one call's check, says so,
+    and leaves the contract in force for the calls after it."""
+    contract = precision.Contract(Matmul(), {})
+    args = _inputs("matmul")
+    real = precision.Contract._measure
+    calls = []
+
+    def short_once(self, *rest):
+        calls.append(rest[-1])
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("no room")
+        return real(self, *rest)
+
+    monkeypatch.setattr(precision.Contract, "_measure", short_once)
+    with torch.no_grad():
+        eager, got = Matmul()(*args), _tf32(args[0]) @ _tf32(args[1])
+    first = contract.measure(args, [eager], [got])
+    assert not first.refused and "no room" in first.note, first
+    assert contract.measure(args, [eager], [got]).refused

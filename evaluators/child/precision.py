@@ -61,8 +61,11 @@ SENSITIVE_BITS = 4
 #: a naive float32 sum of same-sign terms is up to ~2^4 times eager's error, and the geometric mean
 #: of eager's and the downgrade's is then still 2^4 times eager's.
 SENSITIVE = 2.0 ** 8
-#: Elements per chunk of an error's sums (float64 work tensors of a quarter of a GB at most).
-_CHUNK = 1 << 25
+#: Elements per chunk of an error's sums (float64 work tensors of 32 MB each).
+_CHUNK = 1 << 22
+#: A call whose tensors take this much at most is held to the contract on the host where its device
+#: has no room for the float64 run.
+_HOST_BYTES = 256 << 20
 
 
 @dataclass
@@ -85,13 +88,13 @@ class Measure:
 
 
 class Contract:
-    """The precision contract of one task's Model (``measure``); its float64 copies are made at first use."""
+    """The precision contract of one task's Model (``measure``); its float64 copies are made at first use,
+    on the Model's device, and on the host where the device has no room for a call's float64 run."""
 
     def __init__(self, model: torch.nn.Module, task: dict):
         self.model = model
         self.waived = bool(task.get("LOWER_PRECISION", False))
-        self._exact: torch.nn.Module | None = None
-        self._downgraded: torch.nn.Module | None = None
+        self._models: dict[tuple[str, str], torch.nn.Module] = {}  # (exact or downgraded, device type)
         #: per input variant (``screen.VARIANTS``), the downgrade's error of each output, measured at its first call
         self._downgrade_errors: dict[str, list[float | None]] = {}
         self.broken: str | None = None  # why the Model cannot be checked (it does not run in float64, ...)
@@ -99,28 +102,41 @@ class Contract:
     def measure(self, inputs: list, eager: list, candidate: list, variant: str = "as_is") -> Measure:
         """The candidate's outputs on ``inputs`` (drawn as ``variant`` draws them) against the task's
         (``eager``), both against the Model in float64. ``candidate`` already passed the tolerance
-        (same shapes and dtypes as ``eager``)."""
+        (same shapes and dtypes as ``eager``). Where the device has no room for the float64 run (the
+        candidate's own memory, or a neighbour's), it runs on the host if the call's tensors take
+        ``_HOST_BYTES`` at most; a larger call is then not checked, and the note says so."""
         checked = [i for i, t in enumerate(eager) if isinstance(t, torch.Tensor) and t.dtype in KEPT_BITS]
         if self.waived:
             return Measure(note="not checked: the task accepts lower precision (LOWER_PRECISION)")
         if not checked:
             return Measure(note="not checked: no float32, float16 or bfloat16 output")
-        if self.broken is None:
-            try:
-                exact = self._run(self._exact_model(), inputs, bits=None)
-                if variant not in self._downgrade_errors:
-                    low = self._run(self._downgraded_model(), inputs, bits=KEPT_BITS)
-                    self._downgrade_errors[variant] = [error(low[i], exact[i]) if i in checked else None
-                                                       for i in range(len(eager))]
-                    del low
-            except torch.OutOfMemoryError:
-                self.broken = "not checked: the Model in float64 does not fit in the device's memory"
-            except Exception as exc:  # noqa: BLE001 - the task's code, run in a dtype it may not support
-                self.broken = f"not checked: the Model does not run in float64 ({type(exc).__name__}: {str(exc)[:120]})"
         if self.broken is not None:
-            self._exact = self._downgraded = None
-            torch.cuda.empty_cache()
             return Measure(note=self.broken)
+        device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+        try:
+            return self._measure(inputs, eager, candidate, variant, checked, device)
+        except torch.OutOfMemoryError:
+            self._models = {key: model for key, model in self._models.items() if key[1] == "cpu"}
+            torch.cuda.empty_cache()
+        except Exception as exc:  # noqa: BLE001 - the task's code, run in a dtype it may not support
+            self.broken = f"not checked: the Model does not run in float64 ({type(exc).__name__}: {str(exc)[:120]})"
+            self._models = {}
+            return Measure(note=self.broken)
+        call_bytes = sum(t.nbytes for t in [*inputs, *eager] if isinstance(t, torch.Tensor))
+        if device.type == "cpu" or call_bytes > _HOST_BYTES:
+            return Measure(note="not checked: no room on the device for this call's run in float64")
+        try:
+            return self._measure(inputs, eager, candidate, variant, checked, torch.device("cpu"))
+        except Exception as exc:  # noqa: BLE001 - as above
+            return Measure(note=f"not checked: the Model's float64 run on the host failed ({type(exc).__name__})")
+
+    def _measure(self, inputs: list, eager: list, candidate: list, variant: str, checked: list[int],
+                 where: torch.device) -> Measure:
+        exact = self._run(self._model("exact", where), inputs, None, where)
+        if variant not in self._downgrade_errors:
+            low = self._run(self._model("downgraded", where), inputs, KEPT_BITS, where)
+            self._downgrade_errors[variant] = [error(low[i], exact[i]) if i in checked else None for i in range(len(eager))]
+            del low
         found = []
         for i in checked:
             if len(exact) != len(eager) or exact[i].shape != eager[i].shape:
@@ -137,31 +153,29 @@ class Contract:
             return Measure(note="not checked: the reference's outputs are zero or not finite")
         return max(found, key=lambda m: (m.refused, m.error / m.limit))
 
-    def _exact_model(self) -> torch.nn.Module:
-        if self._exact is None:
-            self._exact = copy.deepcopy(self.model).double()
-        return self._exact
-
-    def _downgraded_model(self) -> torch.nn.Module:
-        if self._downgraded is None:
+    def _model(self, kind: str, where: torch.device) -> torch.nn.Module:
+        """The Model in float64 on ``where``: ``exact``, or ``downgraded`` (its weights rounded first)."""
+        key = (kind, where.type)
+        if key not in self._models:
             model = copy.deepcopy(self.model)
-            with torch.no_grad():
-                for tensor in [*model.parameters(), *model.buffers()]:
-                    if tensor.dtype in KEPT_BITS:
-                        tensor.copy_(rounded(tensor, KEPT_BITS[tensor.dtype]))
-            self._downgraded = model.double()
-        return self._downgraded
+            if kind == "downgraded":
+                with torch.no_grad():
+                    for tensor in [*model.parameters(), *model.buffers()]:
+                        if tensor.dtype in KEPT_BITS:
+                            tensor.copy_(rounded(tensor, KEPT_BITS[tensor.dtype]))
+            self._models[key] = model.double().to(where)
+        return self._models[key]
 
     @staticmethod
-    def _run(model: torch.nn.Module, inputs: list, bits: dict | None) -> list:
-        """``model``'s outputs on float64 copies of ``inputs`` (each rounded first to ``bits`` of its dtype)."""
+    def _run(model: torch.nn.Module, inputs: list, bits: dict | None, where: torch.device) -> list:
+        """``model``'s outputs on float64 copies of ``inputs`` on ``where`` (each rounded first to ``bits`` of its dtype)."""
         wide = []
         for x in inputs:
             if isinstance(x, torch.Tensor) and x.is_floating_point():
                 x = rounded(x, bits[x.dtype]) if bits and x.dtype in bits else x
-                wide.append(x.double())
+                wide.append(x.to(where, torch.float64))
             else:
-                wide.append(x.clone() if isinstance(x, torch.Tensor) else x)
+                wide.append(x.to(where, copy=True) if isinstance(x, torch.Tensor) else x)
         with torch.no_grad():
             out = model(*wide)
         return [t.detach() if isinstance(t, torch.Tensor) else t for t in (out if isinstance(out, (list, tuple)) else [out])]
@@ -188,23 +202,14 @@ def rounded(t: torch.Tensor, bits: int) -> torch.Tensor:
 
 def error(out: torch.Tensor, exact: torch.Tensor) -> float | None:
     """The relative L2 error of ``out`` against ``exact`` over the elements both hold finite (a
-    mismatch of NaN or infinity is the tolerance's to judge); None where ``exact`` is zero there."""
-    found = errors(out, exact)
-    return found[0] if found else None
-
-
-def errors(out: torch.Tensor, exact: torch.Tensor) -> tuple[float, float] | None:
-    """(``error``, the lean: the signed sum of the differences over the sum of the reference's
-    magnitudes, where rounding to nearest leans neither way and truncation leans toward zero)."""
+    mismatch of NaN or infinity is the tolerance's to judge), summed chunk by chunk where ``exact``
+    is; None where ``exact`` is zero there."""
     a, b = out.detach().reshape(-1), exact.detach().reshape(-1)
-    num = den = signed = mass = 0.0
+    num = den = 0.0
     for start in range(0, b.numel(), _CHUNK):
-        r = b[start:start + _CHUNK].to(a.device, torch.float64)
-        c = a[start:start + _CHUNK].to(torch.float64)
+        r = b[start:start + _CHUNK].to(torch.float64)
+        c = a[start:start + _CHUNK].to(b.device, torch.float64)
         finite = torch.isfinite(r) & torch.isfinite(c)
-        d, r = torch.where(finite, c - r, 0.0), torch.where(finite, r, 0.0)
-        num += float(d.square().sum())
-        den += float(r.square().sum())
-        signed += float((d * torch.sign(r)).sum())
-        mass += float(r.abs().sum())
-    return (math.sqrt(num / den), signed / mass) if den > 0 else None
+        num += float(torch.where(finite, c - r, 0.0).square().sum())
+        den += float(torch.where(finite, r, 0.0).square().sum())
+    return math.sqrt(num / den) if den > 0 else None
