@@ -16,6 +16,10 @@ This process never imports candidate code and never reads a candidate's output. 
 source and module rules before anything runs (``static_rules.py``, ``module_rules.py``), turns what
 the judge and the workers answer into the result, and concludes it (``verdict.py``), the one place a
 reward is decided.
+
+Why one module: the job's steps are one script read top to bottom (``_Script``), and what the
+result's guarantees rest on (nothing of the candidate's runs before the yardstick, every timed call
+judged, the floor under a time) is its order, which must be seen whole.
 """
 
 from __future__ import annotations

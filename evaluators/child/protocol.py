@@ -16,6 +16,10 @@ Two conversations, both of them here:
 
 Both sides import this module: the children as ``protocol`` (a sibling), the host as
 ``kernel_env.evaluators.child.protocol``. It never imports torch.
+
+Why one module: a message is read field by field on the side that did not write it, so the two
+conversations' records and their one decoder live together, where a reader checking what a
+process can say across the boundary sees all of it.
 """
 
 from __future__ import annotations
