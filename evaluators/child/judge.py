@@ -156,10 +156,15 @@ class Judge:
 
     def _trials(self, req: Drive) -> list[CallRecord]:
         records = []
-        for index, trial in enumerate(self.reference.trials):
+        trials = self.reference.trials
+        # Held to the precision contract: the first trial (the task's own inputs) and one other, which the
+        # worker cannot tell from the rest (two runs of the Model in float64 each: not all five).
+        contracted = {0, secrets.choice(range(1, len(trials)))} if len(trials) > 1 else {0}
+        for index, trial in enumerate(trials):
             staging = self.reference.make_inputs(trial["seed"], trial["variant"])
             expected = (trial["sequence"], trial["expected"], trial["precise"])
-            record = self._judged_call("trial", staging, expected, req, audit=True, trial=index, contract=trial["variant"])
+            record = self._judged_call("trial", staging, expected, req, audit=True, trial=index,
+                                       contract=trial["variant"] if index in contracted else None)
             records.append(record)
             if not record.verdict.correct:
                 break
