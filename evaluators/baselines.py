@@ -8,8 +8,6 @@ uses the compiled time scaled by its own eager time over the cached one (``clock
 eager time a candidate is held against is never the cache's: every timed job times it anew, beside
 the candidate's yardstick (``harness._Script.yardstick``). Nothing here is a minimum of many
 timings: an estimate that only ever moves one way drifts from the truth as timings accumulate.
-Beside them, per device and size, the fastest copy of a task's inputs (``copy_ms``: the physical
-floor's, ``clock.physical_floor``).
 """
 
 from __future__ import annotations
@@ -58,19 +56,3 @@ class BaselineCache:
                 json.dump(record, handle)
             os.replace(tmp, self._path(key))
             return eager, compiled
-
-    def copy_ms(self, key: str) -> float | None:
-        """A cached figure of the device's (``Reference.copy_ms``: the fastest copy of a call's inputs), or None."""
-        try:
-            return float(json.loads(self._path(key).read_text())["copy_ms"])
-        except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
-            return None
-
-    def put_copy_ms(self, key: str, ms: float) -> float:
-        with self._lock:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-            with os.fdopen(fd, "w") as handle:
-                json.dump({"copy_ms": ms}, handle)
-            os.replace(tmp, self._path(key))
-            return ms

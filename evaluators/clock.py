@@ -36,10 +36,6 @@ TRIM = 0.2
 #: A time below this is reported as this (a difference of two runs can be below zero for a model
 #: that does next to nothing beside a slow Model).
 FLOOR_MS = 1e-3
-#: The physical floor: a call is not timed under this share of the fastest copy of its inputs on the
-#: device (``physical_floor``). A copy reads and writes every byte (and on a CPU reads each line it
-#: writes first), so an honest call that only reads them needs a third of its time or more.
-FLOOR_SHARE = 1 / 8
 
 
 def local(times: list[float]) -> Timing:
@@ -83,19 +79,6 @@ def relative(eager: Timing, yardstick: list[float], yardstick_local: list[float]
                   calls=len(calls), p25_ms=quartiles[0], p75_ms=quartiles[2], sem_ms=error, method="relative",
                   raw_ms=trimmed_mean(calls), yardstick_raw_ms=base,
                   drift=None if drift is None else drift / max(statistics.median(yardstick_local), FLOOR_MS))
-
-
-def physical_floor(runtime: Timing, copy_ms: float, input_bytes: int) -> str | None:
-    """Why ``runtime`` cannot be a real time for a call that reads ``input_bytes``, the fastest copy of
-    which takes ``copy_ms`` on the device, or None: a time under ``FLOOR_SHARE`` of that copy is a fault
-    of the measurement or the candidate's doing, and is not paid, whatever its cause."""
-    floor = FLOOR_SHARE * copy_ms
-    if input_bytes <= 0 or copy_ms <= 0 or runtime.median_ms >= floor:
-        return None
-    return (f"timed at {runtime.median_ms:.4f} ms, under the physical floor of {floor:.4f} ms: its inputs "
-            f"({input_bytes / 1e6:.1f} MB) cannot be read in less than {FLOOR_SHARE:.3g} of the fastest copy of them on "
-            f"this device ({copy_ms:.4f} ms, {2 * input_bytes / copy_ms / 1e6:.0f} GB/s moved); a time under it is not "
-            "paid, whatever its cause (docs/security.md, The physical floor)")
 
 
 def trimmed_mean(times: list[float]) -> float:

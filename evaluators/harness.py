@@ -47,8 +47,6 @@ from kernel_env.evaluators.child.protocol import (
     IntegrityAnswer,
     Load,
     LoadAnswer,
-    RefCopy,
-    RefCopyAnswer,
     RefInit,
     RefTime,
     RefTimeAnswer,
@@ -187,7 +185,6 @@ class _Script:
         setup = jb.ask(judge, Setup(device=jb.child_device, out_dir=judge.path("/job/ref"), task_code=self.job.task_code),
                        SetupAnswer, "running the reference task")
         self.result.device_name = setup.device_name
-        self.setup = setup
         jb.ask(judge, RefInit(init_seed=self.init_seed), None, "building the reference Model")
         if not trials:
             return setup
@@ -458,25 +455,8 @@ class _Script:
         self.calls(worker, drive(audit_at), "candidate: timing", jb.bound(per_call * (s.timing_runs * s.timed_calls + len(audit_at)),
                    cap=s.job_timeout_s, floor=s.timing_floor_s), timing=True, then=then)
         self.check_rules(audited, when="during timing")
-        if result.runtime is not None and not result.violations:
-            under = clock.physical_floor(result.runtime, self.copy_ms(), self.reference.input_bytes)
-            if under:
-                result.violations.append(under)
         if result.violations:
             result.correct, result.runtime = False, None
-
-    def copy_ms(self) -> float:
-        """The fastest copy of a call's inputs on this device (``clock.physical_floor``): cached per device,
-        torch build and size, as the baselines are; measured by the judge the first time."""
-        nbytes = self.reference.input_bytes
-        if nbytes <= 0:
-            return 0.0
-        key = self.baselines.key(f"the fastest copy of {nbytes} bytes", self.setup.device_name, self.setup.torch)
-        cached = self.baselines.copy_ms(key)
-        if cached is None:
-            answer = self.jb.ask(self.judge, RefCopy(nbytes=nbytes), RefCopyAnswer, "timing the device's copy of the inputs")
-            cached = self.baselines.put_copy_ms(key, answer.ms) if answer.ms > 0 else 0.0  # (0: no room to measure)
-        return cached
 
 
 def _in_step(jb: Job, name: str, run: Callable):

@@ -109,7 +109,6 @@ class RefTrialsAnswer(Message):
     trials: list[ReferenceTrial] = field(default_factory=list)
     trivial: list[str] = field(default_factory=list)
     output_bytes: int = 0
-    input_bytes: int = 0  # a call's tensor inputs on the task's own inputs (the physical floor's)
     error: str | None = None
 
 
@@ -136,18 +135,6 @@ class RefTime(Message):
 @dataclass
 class RefTimeAnswer(Message):
     times_ms: dict[str, list[float]] = field(default_factory=dict)
-
-
-@dataclass
-class RefCopy(Message):
-    """The fastest of a few copies of ``nbytes`` in the judge's process, warm, with the worker's threads
-    (``Reference.copy_ms``): the least time the device needs to move that many bytes."""
-    nbytes: int
-
-
-@dataclass
-class RefCopyAnswer(Message):
-    ms: float
 
 
 @dataclass
@@ -296,7 +283,7 @@ class Reply(Message):
 
 
 COMMANDS: dict[str, type[Message]] = {cls.__name__: cls for cls in (
-    Setup, Connect, RefInit, RefTrials, RefScreen, RefTime, RefCopy, DeviceProbe, Drive, Serve, Load, Integrity)}
+    Setup, Connect, RefInit, RefTrials, RefScreen, RefTime, DeviceProbe, Drive, Serve, Load, Integrity)}
 
 
 # ============================================================================ judge <-> worker

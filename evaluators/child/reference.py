@@ -27,9 +27,6 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: The longest the device spins ahead of a timed forward (``Reference._preroll``): a forward whose host
 #: launches take longer shows the rest in its time.
 _PREROLL_MAX_S = 0.05
-#: The largest copy ``Reference.copy_ms`` makes (a larger call's is scaled from it: past the caches, a
-#: copy's time grows with its size).
-_COPY_BYTES = 256 << 20
 #: Types a non-tensor input may have: the judge hands them to the worker as JSON.
 _PLAIN = (type(None), bool, int, float, str)
 
@@ -113,7 +110,7 @@ class Reference:
             return RefTrialsAnswer(error=f"the task's {exc}")
         variants = screen.trial_variants(len(req.seeds), allowed) if req.vary else ["as_is"] * len(req.seeds)
         answers = screen.TrivialAnswers(req.atol, req.rtol, search=req.screen, device=self.device)
-        reports, output_bytes, input_bytes = [], 0, 0
+        reports, output_bytes = [], 0
         for seed, variant in zip(req.seeds, variants):
             inputs, pristine, out = self._trial(seed, variant)
             if variant != "as_is" and (out is None or not screen.finite(
@@ -128,8 +125,6 @@ class Reference:
             kinds = [describe(t) for t in outputs if not is_plain(t)]
             mutated = any(isinstance(a, torch.Tensor) and (a.shape != b.shape or not torch.equal(a.nan_to_num(), b.nan_to_num()))
                           for a, b in zip(inputs, pristine))
-            if variant == "as_is":  # the timed calls' inputs
-                input_bytes = max(input_bytes, sum(x.nbytes for x in pristine if isinstance(x, torch.Tensor)))
             self.mutates_inputs |= mutated
             if not kinds:
                 call_bytes = sum(t.nbytes for t in [*pristine, *outputs] if isinstance(t, torch.Tensor))
@@ -145,7 +140,7 @@ class Reference:
         # What the trials' inputs and outputs took goes back to the device, not to torch's cache: the
         # shared buffers of the calls to come are the device's own allocations, which cannot use it.
         torch.cuda.empty_cache()  # (nothing where CUDA was never initialised: the CPU)
-        return RefTrialsAnswer(trials=reports, trivial=answers.reasons(), output_bytes=output_bytes, input_bytes=input_bytes)
+        return RefTrialsAnswer(trials=reports, trivial=answers.reasons(), output_bytes=output_bytes)
 
     def _trial(self, seed: int, variant: str) -> tuple:
         """(inputs, a copy of them as made, the output) of one trial. On a variant's inputs, a
@@ -219,38 +214,6 @@ class Reference:
             began = time.perf_counter_ns()
             model(*args)
             return (time.perf_counter_ns() - began) / 1e6
-
-    def copy_ms(self, nbytes: int, repeats: int = 5) -> float:
-        """The fastest of ``repeats`` copies of ``nbytes`` on the device, warm (each reads what the one
-        before left in the caches), with the worker's threads: the least time this device needs to move
-        that many bytes, which no honest call reading them can beat by much (the physical floor,
-        docs/security.md). Past ``_COPY_BYTES`` the copy's time is scaled from that many. 0 where the
-        device has no room for the copy beside what runs there (no floor, rather than a failed job)."""
-        size = max(1, min(nbytes, _COPY_BYTES))
-        try:
-            source = torch.ones(size, dtype=torch.uint8, device=self.device)
-            target = torch.empty_like(source)
-        except torch.OutOfMemoryError:
-            return 0.0
-        best = float("inf")
-        with _threads(self.threads):
-            for index in range(repeats + 1):  # the first warms
-                if self.device.type == "cuda":
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    target.copy_(source)
-                    end.record()
-                    end.synchronize()
-                    elapsed = start.elapsed_time(end)
-                else:
-                    began = time.perf_counter_ns()
-                    target.copy_(source)
-                    elapsed = (time.perf_counter_ns() - began) / 1e6
-                if index:
-                    best = min(best, elapsed)
-        del source, target
-        torch.cuda.empty_cache()  # (nothing where CUDA was never initialised: the CPU)
-        return best * nbytes / size
 
     def _preroll(self, launch_s: float) -> None:
         """A kernel that spins on the device for three times the time the forward's launches took lately

@@ -37,8 +37,6 @@ from protocol import (  # noqa: E402
     Integrity,
     Load,
     ProbeAnswer,
-    RefCopy,
-    RefCopyAnswer,
     RefInit,
     RefScreen,
     RefTime,
@@ -122,9 +120,6 @@ class Runner:
     def ref_time(self, req: RefTime) -> RefTimeAnswer:
         return RefTimeAnswer(times_ms=self.reference.time(req.calls, req.warmup, req.flush_bytes, req.models))
 
-    def ref_copy(self, req: RefCopy) -> RefCopyAnswer:
-        return RefCopyAnswer(ms=self.reference.copy_ms(req.nbytes))
-
     def device_probe(self, req: DeviceProbe) -> ProbeAnswer:
         return ProbeAnswer(busy_ms=exchange.other_work_ms(self.device))
 
@@ -155,8 +150,7 @@ _WORKER_LOAD, _WORKER_SERVE, _WORKER_INTEGRITY = worker.Worker.load, worker.Work
 #: Which role may run which command.
 _ROLE_COMMANDS = {
     "judge": {"Setup": Runner.setup, "Connect": Runner.connect, "RefInit": Runner.ref_init, "RefTrials": Runner.ref_trials,
-              "RefScreen": Runner.ref_screen, "RefTime": Runner.ref_time, "RefCopy": Runner.ref_copy,
-              "DeviceProbe": Runner.device_probe,
+              "RefScreen": Runner.ref_screen, "RefTime": Runner.ref_time, "DeviceProbe": Runner.device_probe,
               "Drive": Runner.drive},
     "worker": {"Setup": Runner.setup, "Connect": Runner.connect, "Load": Runner.load, "Serve": Runner.serve,
                "Integrity": Runner.integrity},
