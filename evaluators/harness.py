@@ -19,7 +19,7 @@ reward is decided.
 
 Why one module: the job's steps are one script read top to bottom (``_Script``), and what the
 result's guarantees rest on (nothing of the candidate's runs before the yardstick, every timed call
-judged, the floor under a time) is its order, which must be seen whole.
+judged) is its order, which must be seen whole.
 """
 
 from __future__ import annotations
