@@ -81,10 +81,10 @@ class Measure:
     def message(self, outputs: int) -> str:
         label = f"output {self.output}" if outputs > 1 else "output"
         return (f"{label} is less precise than the task's dtype: its error against a float64 reference is "
-                f"{self.error:.2e}, the task's own code's {self.eager_error:.2e}, the limit {self.limit:.2e} "
-                f"(tensor-core math in float16, bfloat16 or TF32 on float32 operands shows this; a Triton "
-                f"tl.dot computes float32 in TF32 unless given input_precision=\"ieee\"; a task that accepts "
-                f"lower precision says LOWER_PRECISION = True: docs/security.md, The precision contract)")
+                f"{self.error:.2e}, the task's own code's {self.eager_error:.2e}, the limit {self.limit:.2e}. "
+                f"Compute in the task's dtype: no float16, bfloat16 or TF32 math on float32 data (a Triton tl.dot "
+                f"on float32 operands computes in TF32 unless given input_precision=\"ieee\"); docs/security.md, "
+                f"The precision contract")
 
 
 class Contract:
