@@ -94,8 +94,8 @@ class TrialReport(BaseModel):
     max_rel_error: float | None = None
     first_bad_index: list[int] | None = None
     # The precision contract (docs/security.md), on the calls it checks: the relative error against
-    # the task's Model in float64, the task's own code's, the limit above which an answer is refused
-    # (None: the task's answer does not show its precision); or why the call was not checked.
+    # the task's Model in float64, the task's own code's, the limit above which an answer is refused;
+    # or why the call was not checked.
     float64_error: float | None = None
     eager_float64_error: float | None = None
     float64_error_limit: float | None = None

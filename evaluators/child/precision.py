@@ -36,10 +36,10 @@ matmuls on an H200, 25 to 600 times eager's): there the rounding of the operands
 what an honest float32 kernel summing the same terms in another order shows (a naive loop over
 K = 16384 terms: 13 times eager's; a global sum by atomics over a million partial sums: 1e-5), so
 nothing tells the two apart and it is not refused; outputs rounded to a lower precision
-(bfloat16: 1e-3) are. A task that
-accepts lower precision says so: ``LOWER_PRECISION = True`` in its module. A float64 task has no
-wider reference and is not checked; neither is a Model that does not run in float64 (the note says
-why). docs/security.md, The precision contract, has what was measured.
+(bfloat16: 1e-3) are. A task that accepts lower precision says so: ``LOWER_PRECISION = True`` in
+its module. A float64 task has no wider reference and is not checked; neither is a Model that does
+not run in float64 (the note says why). docs/security.md, The precision contract, has what was
+measured.
 """
 
 from __future__ import annotations

@@ -191,8 +191,8 @@ class TrialVerdict(Message):
     max_rel_error: float | None = None
     first_bad_index: list[int] | None = None
     # The precision contract (``precision.py``), on the calls it checks: the output's relative error
-    # against the Model in float64, the task's own code's, the limit (None: the task shows no
-    # precision); or why the call was not checked.
+    # against the Model in float64, the task's own code's, the limit above which it is refused; or
+    # why the call was not checked.
     float64_error: float | None = None
     eager_float64_error: float | None = None
     float64_error_limit: float | None = None
