@@ -384,12 +384,12 @@ class _Script:
         result.correct = bool(result.trials) and all(t.correct for t in result.trials) and len(result.trials) == s.trials
 
     def check_rules(self, findings: list[Findings | None], *, when: str) -> None:
-        """Rule violations seen by audited calls (the trials, and secret positions of the timing run)."""
+        """Rule violations seen by the audit, which every call of a candidate's runs under."""
         result = self.result
         suffix = f" ({when})" if when else ""
         for found in findings:
             if found is None or not found.audited:
-                result.violations.append(f"an audited call's findings were not reported{suffix}: the audit was interfered with")
+                result.violations.append(f"a call's findings were not reported{suffix}: the audit was interfered with")
                 continue
             if found.torch_ops and self.s.own_kernels_only:
                 ops = ", ".join(f"{name} x{count}" for name, count in sorted(found.torch_ops.items())[:8])
@@ -414,45 +414,43 @@ class _Script:
             result.correct = False
 
     def time_candidate(self, worker: Child) -> None:
-        """Warm-up, then the timing run (every call compared in full, audited calls at secret positions):
-        while a milestone lies within the measurement's noise (``reward.close_calls``), more calls in the
-        same run, pooled with the earlier ones, up to ``timing_runs`` times the timed calls in all."""
+        """Warm-up, then the timing run (every call compared in full and audited): while a milestone lies
+        within the measurement's noise (``reward.close_calls``), more calls in the same run, pooled with
+        the earlier ones, up to ``timing_runs`` times the timed calls in all."""
         s, jb, result = self.s, self.jb, self.result
         per_trial = result.steps_s.get("judge: RefTrials", 0.0) / max(1, s.trials)
-        self.calls(worker, Drive(phase="warmup", calls=s.warmup_calls, flush_bytes=self._flush_bytes()), "candidate: warm-up",
-                   jb.bound(per_trial * s.warmup_calls, cap=s.job_timeout_s))
+        warmed, _ = self.calls(worker, Drive(phase="warmup", calls=s.warmup_calls, flush_bytes=self._flush_bytes()),
+                               "candidate: warm-up", jb.bound(per_trial * s.warmup_calls, cap=s.job_timeout_s))
         per_call = result.steps_s.get("candidate: warm-up", 0.0) / max(1, s.warmup_calls)
-        audit_at = sorted(secrets.SystemRandom().sample(range(s.timed_calls), min(s.audited_timed_calls, s.timed_calls)))
         times: list[float] = []
         beside: list[float] = []
-        audited: list[Findings | None] = []
+        audited: list[Findings | None] = [r.findings for r in warmed.calls]
 
-        def drive(audits: list[int]) -> Drive:
-            return Drive(phase="time", calls=s.timed_calls, audit_at=audits, checked=s.timed_calls, atol=s.atol, rtol=s.rtol,
+        def drive() -> Drive:
+            return Drive(phase="time", calls=s.timed_calls, checked=s.timed_calls, atol=s.atol, rtol=s.rtol,
                          flush_bytes=self._flush_bytes())
 
         def then(driven: DriveAnswer, served: ServeAnswer) -> Drive | None:
             wrong = next((r for r in driven.calls if r.verdict is not None and not r.verdict.correct), None)
             if wrong is not None:
                 index = sum(1 for r in driven.calls[:driven.calls.index(wrong)] if r.kind == wrong.kind)
-                result.violations.append(f"{'timed' if wrong.kind == 'timed' else 'audited'} call {index} returned a wrong "
-                                         f"result (the output of a timed call must be correct too): {wrong.verdict.message}")
+                result.violations.append(f"timed call {index} returned a wrong result (the output of a timed call "
+                                         f"must be correct too): {wrong.verdict.message}")
                 return None
             self.check_beside(served, "timing")
             run_times = _times(driven.calls, "timed")
-            findings = [r.findings for r in driven.calls if r.kind == "audited"]
-            if len(run_times) != s.timed_calls or len(findings) != (0 if times else len(audit_at)):
+            if len(run_times) != s.timed_calls:
                 result.violations.append("the timing run did not make every call (the call protocol was interfered with)")
-            audited.extend(findings)
+            audited.extend(r.findings for r in driven.calls if r.kind == "timed")
             times.extend(run_times)
             beside.extend(_times(driven.calls, "local"))
             if result.violations:
                 return None
             result.runtime = clock.relative(result.eager, *self.yardstick_calls, times, beside)
             more = len(times) < s.timing_runs * s.timed_calls and close_calls(result)
-            return drive([]) if more else None
+            return drive() if more else None
 
-        self.calls(worker, drive(audit_at), "candidate: timing", jb.bound(per_call * (s.timing_runs * s.timed_calls + len(audit_at)),
+        self.calls(worker, drive(), "candidate: timing", jb.bound(per_call * s.timing_runs * s.timed_calls,
                    cap=s.job_timeout_s, floor=s.timing_floor_s), timing=True, then=then)
         self.check_rules(audited, when="during timing")
         if result.violations:

@@ -29,7 +29,6 @@ class EvalSettings(BaseModel):
     timed_calls: int = 30                 # each one's outputs compared in full with the reference's; the
                                           # yardstick (the task's Model through the candidate's worker) as many
     warmup_calls: int = 3
-    audited_timed_calls: int = 4          # extra audited (untimed) calls at secret positions of the timing run
     # A candidate whose milestone lies within its measurement's noise (reward.close_calls) gets more
     # calls in the same timing run, pooled, up to this many times timed_calls; one still within it is
     # not paid the speed-up (reward.established_milestone).

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow  # hanging candidates, each ended at its bound
 
 TASK_CODE = (example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10")
 #: Tight bounds, so a hang ends in seconds here: floor + 5 x the reference's time for the same work.
-FAST = EvalSettings.short(audited_timed_calls=1, step_floor_s=3.0, timing_floor_s=3.0, step_multiple=5.0)
+FAST = EvalSettings.short(step_floor_s=3.0, timing_floor_s=3.0, step_multiple=5.0)
 
 HANGS = {
     "spins in forward": "def forward(self, x, y):\n    while True:\n        pass",

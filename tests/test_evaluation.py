@@ -156,7 +156,10 @@ def make_snapshot(root: Path, language: str, name: str, so_path: Path | None = N
     source = CANDIDATES / language / f"{name}.py"
     shutil.copy2(source, snap / "model_new.py")
     if language == "triton":
-        shutil.copytree(CANDIDATES / "triton" / "kernels", snap / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+        # The red team's protocol hook (kernels/hijack.py) goes only with the fixtures that import it: the
+        # source rules, which read every file of kernels/, would refuse every other snapshot for it.
+        skip = () if "kernels.hijack" in source.read_text() else ("hijack.py",)
+        shutil.copytree(CANDIDATES / "triton" / "kernels", snap / "kernels", ignore=shutil.ignore_patterns("__pycache__", *skip))
     else:
         # A cpp fixture names the kernel sources its snapshot carries: "# kernels: a.cpp b.h".
         (snap / "kernels").mkdir()
@@ -894,7 +897,7 @@ def test_answering_before_the_work_is_done_is_wrong_or_timed_whole(jobs, past_ru
     if result.correct:
         assert result.runtime_ms >= 15.0, why(result)  # the thread's 20 ms were in the judge's clock
     else:
-        assert_rejected(result, "elements outside")
+        assert_rejected(result, "elements outside", "spill buffer mapped for writing")
 
 
 def test_naming_another_calls_answer_as_the_output_is_wrong(jobs, past_rules):
@@ -1165,7 +1168,7 @@ def triton_workspace(tmp_path):
     ws = Workspace.create(TASK, "triton", root=tmp_path / "ws")
     shutil.copy2(CANDIDATES / "triton" / "honest.py", ws.path / "model_new.py")
     shutil.copytree(CANDIDATES / "triton" / "kernels", ws.path / "kernels", dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+                    ignore=shutil.ignore_patterns("__pycache__", "hijack.py"))
     yield ws
     ws.destroy()
 

@@ -133,7 +133,9 @@ def test_where_rounding_averages_out_a_naive_summation_order_is_not_refused():
     for k in (1024, 4096, 16384):
         a, b = torch.rand(64, k), torch.rand(k, 64)
         found = _measure(Matmul(), [a, b], _sequential_matmul)
-        assert not found.refused and found.error > 4 * found.eager_error, (k, found)  # far less precise than eager's
+        # Less precise than eager's blocked sum (3.7x at K = 1024 in one run, over 4x in another: eager's
+        # blocking follows torch's thread count), and paid.
+        assert not found.refused and found.error > 2 * found.eager_error, (k, found)
     found = _measure(RowSum(), _inputs("rowsum"), lambda x: x.half().float().sum(dim=1))
     assert not found.refused, found
 

@@ -64,9 +64,9 @@ def _answered(jobs, name: str, mode: Mode = Mode.VERIFY, settings=SETTINGS):
 
 
 def test_answering_a_timed_call_before_its_go_is_timed_whole(jobs, past_rules):
-    """The worker computes as soon as the inputs land in the memfd and queues ``Done`` before the judge
-    sends ``Go``: the worker's whole standard round trip, in the yardstick every timed call is compared
-    with, was never spent. The early answer runs eager's own ops: it must not be timed faster than about eager."""
+    """A hook answers every call past the worker's own code (``kernels/hijack.py``): eager's ops straight
+    into the spill buffer, without the worker's decoding, model call, audit or copy, all of which the
+    yardstick spent. It must not be timed faster than about eager."""
     result = _profile(jobs, "redteam_done_before_go")
     if result.correct:
         assert result.runtime_ms >= 0.5 * result.eager_ms, why(result)
@@ -76,11 +76,11 @@ def test_answering_a_timed_call_before_its_go_is_timed_whole(jobs, past_rules):
 
 @pytest.fixture(scope="module")
 def control(jobs):
-    """Eager's own ops in the unaudited calls, timed through the worker's standard path: the yardstick."""
+    """Eager's own ops in every call, timed through the worker's standard path (the torch rule off)."""
     jobs.wait_all()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(harness, "check_sources", lambda snapshot: [])
-        return _profile(jobs, "redteam_torch_control")
+        return _profile(jobs, "redteam_torch_control", TIMED.model_copy(update={"own_kernels_only": False}))
 
 
 def test_control_runs_eager_ops_at_about_eager_speed(control):
@@ -93,6 +93,39 @@ def test_answering_a_timed_call_before_its_go_is_no_faster_than_the_same_work(jo
         assert result.runtime_ms >= 0.5 * control.runtime_ms, (why(result), control.runtime_ms)
     else:
         assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness", "interfered")
+
+
+# ============================================================================ the CPU's boundary by construction (issue 45)
+# Each attack below answers correctly only where its class works: none may be paid.
+
+
+def test_a_calls_inputs_cannot_be_seen_before_its_go(jobs, past_rules):
+    """Class 2: every memfd the worker held before a call's Go is searched for that call's inputs."""
+    assert_rejected(_answered(jobs, "redteam_inputs_before_go"), "elements outside")
+
+
+def test_an_output_cannot_be_computed_into_the_judges_spill_buffer(jobs, past_rules):
+    """Class 3: the forward looks for a buffer of the judge's it can write its output into, and returns that."""
+    assert_rejected(_answered(jobs, "redteam_output_into_spill"), "elements outside")
+
+
+def test_no_call_of_a_candidates_runs_without_the_audit(jobs, past_rules):
+    """Class 4: a forward that raises on any call without the audit's mode on torch's stack: warm-up and
+    timed calls included, every call is audited, so it is the honest kernel it otherwise is."""
+    result = _profile(jobs, "redteam_unaudited_call")
+    assert_honest(result)
+    assert result.runtime is not None, why(result)
+
+
+def test_punching_holes_in_the_judges_memfds_moves_nothing_subtracted_from_a_call(jobs, past_rules):
+    """Class 1: the worker punches holes through every memfd it was sent, between and inside its calls."""
+    honest = _profile(jobs, "honest")
+    result = _profile(jobs, "redteam_punch_memfds")
+    assert_honest(honest)
+    if result.correct:  # the half is two runs' noise on this machine; a subtraction moved would put it near zero
+        assert result.runtime_ms >= 0.5 * honest.runtime_ms, (why(result), honest.runtime_ms)
+    else:
+        assert_rejected(result, "elements outside", "returned a wrong result", "modified its input")
 
 
 # ============================================================================ the harness's reads of a child's answers
@@ -112,16 +145,6 @@ def test_through_the_pool_a_malformed_answer_line_is_not_the_evaluators_fault(jo
         pool.close()
     print(why(result))
     assert_rejected(result, "did not write", "broke the protocol")
-
-
-def test_computing_a_timed_call_before_its_go_and_answering_at_once_is_no_faster_than_the_same_work(jobs, past_rules, control):
-    """The same, waiting for the real Go (what a nonce in Go would force): the worker's standard round
-    trip is still taken out of a call that never spent it."""
-    result = _profile(jobs, "redteam_precompute_before_go")
-    if result.correct:
-        assert result.runtime_ms >= 0.5 * control.runtime_ms, (why(result), control.runtime_ms)
-    else:
-        assert_rejected(result, "elements outside", "returned a wrong result", "protocol", "changed the harness", "interfered")
 
 
 # ============================================================================ the shared memory

@@ -221,7 +221,7 @@ def test_jobs_sharing_a_lease_are_judged_as_alone(tmp_path):
     snapshot = tmp_path / "snapshot"
     (snapshot / "kernels").mkdir(parents=True)
     (snapshot / "model_new.py").write_text((example_dir() / "solutions" / "triton" / "model_new.py").read_text())
-    settings = EvalSettings(timed_calls=5, warmup_calls=1, audited_timed_calls=1)
+    settings = EvalSettings(timed_calls=5, warmup_calls=1)
     lease, spans, lock = DeviceLease(), [], threading.Lock()
     untimed, timing = lease.untimed, lease.timing
 

@@ -137,7 +137,7 @@ def test_an_input_variants_declaration_that_names_nothing_known_is_refused():
 
 # ---------------------------------------------------------------- at evaluation (the reference process)
 
-FAST = EvalSettings.short(audited_timed_calls=1)
+FAST = EvalSettings.short()
 FUSED = Path(__file__).parent / "candidates" / "precision" / "fused_bf16.py"
 #: The docs' case: eager rounds x * y to bfloat16 before adding x; on inputs of magnitude ~4 a kernel
 #: that rounds once lands outside the tolerance of eager's output for some elements in every seed tried.

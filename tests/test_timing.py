@@ -19,7 +19,7 @@ def test_a_message_crosses_the_boundary_unchanged():
     done = Done(k=3, outputs=[OutputRef(dtype="float32", shape=[2, 3], stride=[3, 1], offset=256, handle="ab" * 64)],
                 sequence=True, findings=protocol.Findings(torch_ops={"add": 2}, triton_launches=1, audited=True))
     assert decode(done.encode(), Done) == done
-    buffers = Buffers(layout=1, inputs=[None, BufferSpec("float16", [4], [1], 8, fd=0)], spill=[])
+    buffers = Buffers(layout=1, inputs=[None, BufferSpec("float16", [4], [1], 8, offset=64)], spill=[])
     assert decode(buffers.encode(), (Buffers, Go)) == buffers
 
 
@@ -29,7 +29,7 @@ def test_a_message_crosses_the_boundary_unchanged():
     ({"type": "Done", "k": 1, "outputs": [{"dtype": "float32", "shape": [1], "stride": ["1"]}]}, "expected int"),
     ({"type": "Done"}, "has no k"),
     ({"type": "Stop"}, "'Stop' message where Done was expected"),
-    ({"type": "Go", "k": 1, "layout": 1, "audit": "yes"}, "expected bool"),
+    ({"type": "Go", "k": 1, "layout": "1"}, "expected int"),
     ([1, 2], "not an object"),
 ])
 def test_a_message_of_the_wrong_shape_is_refused_field_by_field(data, says):
@@ -62,17 +62,43 @@ def test_inputs_keep_their_layout_where_it_is_dense_and_are_made_contiguous_wher
 
 
 def test_host_memory_shared_with_another_process_carries_values_both_ways():
-    ours = exchange.HostBuffer(16)
-    tensor = ours.tensor(torch.float32, [4], [1])
+    fd = exchange.memfd(16, exchange.INPUTS)
+    tensor = exchange.view(exchange.mapped(fd, 16), torch.float32, [4], [1])
     tensor.copy_(torch.arange(4.0))
     pid = os.fork()
     if pid == 0:
-        theirs = exchange.HostBuffer.adopt(os.dup(ours.fd), 16).tensor(torch.float32, [4], [1])
+        theirs = exchange.view(exchange.mapped(fd, 16), torch.float32, [4], [1])
         ok = theirs.tolist() == [0.0, 1.0, 2.0, 3.0]
         theirs.mul_(2)
         os._exit(0 if ok else 1)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     assert tensor.tolist() == [0.0, 2.0, 4.0, 6.0]
+    with pytest.raises(ValueError, match="smaller"):
+        exchange.mapped(fd, 1 << 20)
+    os.close(fd)
+
+
+def test_a_sealed_spill_buffer_is_final_and_cannot_be_sealed_while_a_writable_mapping_lives():
+    """What the judge reads of a call's outputs (``judge._call_cpu``): the seal fails while anyone still
+    maps the memfd for writing, and once it holds, no write of anyone's reaches it, whether through a
+    mapping made before or after, or a write to the descriptor."""
+    fd = exchange.memfd(4096, exchange.OUTPUTS)
+    writer = exchange.mapped(fd, 4096)
+    writer[:4] = 7
+    assert not exchange.seal_writes(fd)  # a writable mapping lives
+    del writer  # its mapping with it
+    assert exchange.seal_writes(fd)
+    with pytest.raises(PermissionError):
+        exchange.mapped(fd, 4096)  # a shared writable mapping is refused
+    with pytest.raises(PermissionError):
+        os.pwrite(fd, b"\0" * 4, 0)
+    with pytest.raises(PermissionError):
+        os.ftruncate(fd, 0)
+    private = exchange.mapped(fd, 4096, private=True)
+    assert private[:4].tolist() == [7] * 4
+    private[:4] = 0  # copy-on-write: the memfd keeps what it held
+    assert exchange.mapped(fd, 4096, private=True)[:4].tolist() == [7] * 4
+    os.close(fd)
 
 
 def _sleeping_task(ms: float) -> str:

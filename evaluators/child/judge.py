@@ -2,9 +2,10 @@
 reads every output itself and owns the clock; the worker only computes.
 
 It runs the task's code and the harness's, never a candidate's. Each call's inputs are drawn under
-a secret seed in the judge's own memory and reach the worker only as the call starts, copied into
-buffers the judge owns (``exchange``); the judge reads the outputs into its own memory and compares
-them in full (``compare``). What the worker sends can only name memory for the judge to read.
+a secret seed in the judge's own memory and reach the worker only as the call starts, in buffers the
+judge owns (``exchange``: on the CPU a memfd made for the call alone); the judge reads the outputs
+itself and compares them in full (``compare``). What the worker sends can only name memory for the
+judge to read.
 
 - ``Judge``: one job's calls with a connected worker (``connect``, ``drive``).
 - ``WorkerFailed``: the worker broke the protocol, ended, or could not run a call.
@@ -21,6 +22,7 @@ checking that no time can be taken off a candidate's work must see all of it in 
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 import time
@@ -43,8 +45,10 @@ from protocol import (
     OutputRef,
     ProtocolError,
     Release,
+    Ready,
     Released,
     Settled,
+    Spill,
     Stop,
     TrialVerdict,
 )
@@ -65,19 +69,20 @@ class WorkerFailed(Exception):
 
 
 class _Layout:
-    """The shared buffers of one input layout: the inputs the worker computes on (None for a
-    non-tensor input) and the spill buffers of the outputs it cannot share; on the CPU, the judge's
-    own copies of the outputs too (``copies``), made once: a copy allocated inside each call faulted
-    in fresh pages in some calls and not others (glibc hands large blocks back to the kernel), which
-    put 1-2 ms into some of a 1M-element call's times, more often in one run than in another."""
+    """The shared buffers of one input layout: on a GPU the inputs the worker computes on (None for a
+    non-tensor input) and the spill buffers of the outputs it cannot share, allocations of the judge's
+    kept for every call; on the CPU where each lies in a call's own memfds (``input_specs``,
+    ``spill_specs``), whose tensors each call makes anew (``inputs``, ``spill``)."""
 
-    def __init__(self, number: int, inputs: list, spill: list, buffers: list, copies: list | None = None):
+    def __init__(self, number: int, inputs: list, spill: list, buffers: list, input_specs: list = (), spill_specs: list = ()):
         self.number, self.inputs, self.spill, self.buffers = number, inputs, spill, buffers
-        self.copies = copies
+        self.input_specs, self.spill_specs = list(input_specs), list(spill_specs)
+        self.input_bytes = max((x.offset + x.nbytes for x in self.input_specs if x is not None), default=0)
+        self.spill_bytes = max((x.offset + x.nbytes for x in self.spill_specs), default=0)
 
-    def copied(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
-        """(The CPU) The outputs read from the spill buffers into the judge's own copies (a placeholder stays)."""
-        return [src if src.device.type == "meta" else self.copies[index].copy_(src) for index, src in enumerate(sources)]
+    def over(self, raw: torch.Tensor, specs: list) -> list:
+        """(The CPU) Tensors over a call's memfd (``raw``) as ``specs`` lay them (None stays None)."""
+        return [None if x is None else exchange.view(raw, getattr(torch, x.dtype), x.shape, x.stride, x.offset) for x in specs]
 
 
 class Judge:
@@ -96,8 +101,8 @@ class Judge:
         self._k = 0
         self._flush: torch.Tensor | None = None
         self._flush_bytes = 0
-        self._host_buffers: list[exchange.HostBuffer] = []  # kept mapped while the worker uses them
         self._loopback: tuple | None = None  # (the CPU) a socket of the judge's own, for ``_own_share``
+        self._last_layout: _Layout | None = None
         if self.cuda:
             self.stream = torch.cuda.current_stream(self.device)
             self.gate = torch.zeros(1, dtype=torch.int32, pin_memory=True)
@@ -163,7 +168,7 @@ class Judge:
         for index, trial in enumerate(trials):
             staging = self.reference.make_inputs(trial["seed"], trial["variant"])
             expected = (trial["sequence"], trial["expected"], trial["precise"])
-            record = self._judged_call("trial", staging, expected, req, audit=True, trial=index,
+            record = self._judged_call("trial", staging, expected, req, trial=index,
                                        contract=trial["variant"] if index in contracted else None)
             records.append(record)
             if not record.verdict.correct:
@@ -179,7 +184,7 @@ class Judge:
         task's Model in the judge's own process (``local``, as ``RefTime`` times them, after one more to warm
         up): the machine's pace around the worker's calls, which the harness compares with its pace
         around the yardstick's. Every call of the worker's is made alike (its inputs, the reference's
-        run, its comparison), so nothing it sees before ``Go`` tells an audited call from a timed one."""
+        run, its comparison), so nothing it sees tells a checked call from another."""
         # (Not on the CPU, where a model's speed depends on its process: the judge's pace is not the worker's.)
         local = self.reference.time_with(self._flush_buffer(), req.calls, 1)["eager"] if self.cuda else []
         records = [CallRecord(k=0, kind="local", time_ms=elapsed) for elapsed in local]
@@ -187,62 +192,57 @@ class Judge:
         # One checked call also under the precision contract: the worker cannot tell which (nor a trial from it).
         contracted = secrets.choice(sorted(checked)) if checked else -1
         for index in range(req.calls):
-            if req.own_share and not self.cuda:
-                staging = self.reference.make_inputs(secrets.randbits(31))
-                records.append(self._own_share(staging, self.reference.run(staging, precise=False)))
             record = self._timed_call("timed", req, check=index in checked, k_index=index,
                                       contract="as_is" if index == contracted else None)
             records.append(record)
             if record.verdict is not None and not record.verdict.correct:
                 break
-            if index in req.audit_at:  # an untimed call under every check, at a position the worker is not told ahead
-                record = self._timed_call("audited", req, check=True, audit=True)
-                records.append(record)
-                if not record.verdict.correct:
-                    break
+            if req.own_share and not self.cuda:
+                records.append(self._own_share(self._last_layout))
         return records
 
-    def _own_share(self, staging: list, expected: tuple) -> CallRecord:
-        """(The CPU.) What ``_call_cpu`` does but for the worker's part: the inputs copied in, a ``Go``
-        sent and a ``Done`` received (this one already waiting, on a socket of the judge's own), the
-        outputs copied out of the spill buffers."""
-        sequence, outputs, _ = expected
-        layout = self._layout(staging, outputs)
+    def _own_share(self, layout: _Layout) -> CallRecord:
+        """(The CPU.) What ``_call_cpu``'s clock holds but the worker's part: a ``Go`` sent with a memfd, a
+        ``Ready`` received, a ``Spill`` sent with another, a ``Done`` received (these two already waiting, on
+        a socket of the judge's own) and the spill memfd sealed. Its memfds are the judge's alone."""
         if self._loopback is None:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             self._loopback = (protocol.Link(ours, accept_fds=False), theirs)
         link, theirs = self._loopback
         self._k += 1
-        go = Go(k=self._k, layout=layout.number, values=[None if isinstance(x, torch.Tensor) else _plain(x) for x in staging])
-        theirs.send(Done(k=go.k, sequence=sequence, outputs=[
-            OutputRef(dtype=_dtype(t), shape=list(t.shape), stride=list(t.stride()), spilled=True) for t in layout.spill]).encode())
+        k = self._k
+        theirs.send(Ready(k=k).encode())
+        theirs.send(Done(k=k, outputs=[OutputRef(dtype=x.dtype, shape=x.shape, stride=x.stride, spilled=True)
+                                       for x in layout.spill_specs]).encode())
+        inputs_fd = exchange.memfd(layout.input_bytes, exchange.INPUTS)
+        spill_fd = exchange.memfd(layout.spill_bytes, exchange.OUTPUTS)
         self._flush_buffer().bitwise_not_()
         started = time.perf_counter_ns()
-        for shared, x in zip(layout.inputs, staging):
-            if shared is not None:
-                shared.copy_(x)
-        link.send(go)
-        done, _ = link.recv(Done)
-        layout.copied(self._sources(done, layout))  # the judge's copy-out, as in a call
+        link.send(Go(k=k, layout=layout.number), [inputs_fd])
+        link.recv((Ready, Done))
+        link.send(Spill(k=k), [spill_fd])
+        link.recv(Done)
+        exchange.seal_writes(spill_fd)
         raw_ms = (time.perf_counter_ns() - started) / 1e6
-        theirs.recv(protocol.MAX_MESSAGE)  # the Go, sent to nobody
-        return CallRecord(k=go.k, kind="share", time_ms=raw_ms)
+        for fd in [inputs_fd, spill_fd] + [fd for _ in range(2) for fd in socket.recv_fds(theirs, protocol.MAX_MESSAGE, 4)[1]]:
+            os.close(fd)  # (the Go's and the Spill's, sent to nobody)
+        return CallRecord(k=k, kind="share", time_ms=raw_ms)
 
-    def _timed_call(self, kind: str, req: Drive | None, *, check: bool, audit: bool = False, k_index: int = 0,
+    def _timed_call(self, kind: str, req: Drive | None, *, check: bool, k_index: int = 0,
                     contract: str | None = None) -> CallRecord:
         staging = self.reference.make_inputs(secrets.randbits(31))
         expected = self.reference.run(staging, precise=check)
         if check:
-            return self._judged_call(kind, staging, expected, req, audit=audit, trial=k_index, contract=contract)
-        record, _ = self._call(kind, staging, expected, audit=audit)
+            return self._judged_call(kind, staging, expected, req, trial=k_index, contract=contract)
+        record, _ = self._call(kind, staging, expected)
         return record
 
-    def _judged_call(self, kind: str, staging: list, expected: tuple, req: Drive, *, audit: bool, trial: int,
+    def _judged_call(self, kind: str, staging: list, expected: tuple, req: Drive, *, trial: int,
                      contract: str | None = None) -> CallRecord:
         """A call judged against ``expected``; with ``contract`` (the variant ``staging`` was drawn as), an
         answer within the tolerance is held to the task's precision too (``precision.Contract``: the
         Model in float64 on ``staging``)."""
-        record, got = self._call(kind, staging, expected, audit=audit)
+        record, got = self._call(kind, staging, expected)
         verdict = record.verdict = _verdict(trial, expected, got, req.atol, req.rtol)
         if contract is not None and verdict.correct and self.reference.contract is not None:
             measure = self.reference.contract.measure(staging, expected[1], got[1], contract)
@@ -254,39 +254,38 @@ class Judge:
 
     # ------------------------------------------------------------------ one call
 
-    def _call(self, kind: str, staging: list, expected: tuple, *, audit: bool = False):
+    def _call(self, kind: str, staging: list, expected: tuple):
         """One call of the worker's on ``staging`` (copied in, never handed over), judged against
         ``expected`` (sequence, outputs, float32 outputs). Returns (its record, what the worker
-        returned as the judge read it: (sequence, outputs))."""
+        returned as the judge read it: (sequence, outputs)). The worker's findings go into the record as
+        it sent them (so much of them at most): the harness knows whose calls must carry them."""
         _, outputs, _ = expected
-        layout = self._layout(staging, outputs)
+        layout = self._last_layout = self._layout(staging, outputs)
         values = [None if isinstance(x, torch.Tensor) else _plain(x) for x in staging]
         self._k += 1
         k = self._k
-        go = Go(k=k, layout=layout.number, values=values, audit=audit)
+        go = Go(k=k, layout=layout.number, values=values)
         if self.cuda:
-            raw_ms, done, got = self._call_cuda(go, staging, layout)
+            (raw_ms, done, got), inputs = self._call_cuda(go, staging, layout), layout.inputs
         else:
-            raw_ms, done, got = self._call_cpu(go, staging, layout)
-        # The worker's own findings count on audited calls only, and so much of them at most.
-        record = CallRecord(k=k, kind=kind, findings=_capped(done.findings) if audit else None)
-        if audit and done.findings is None:
-            record.findings = Findings(torch_ops={"(the audit's findings were not reported: it was interfered with)": 1})
+            raw_ms, done, got, inputs = self._call_cpu(go, staging, layout)
+        record = CallRecord(k=k, kind=kind, findings=_capped(done.findings))
         if kind == "timed":
             record.time_ms = raw_ms
         if kind == "trial":
-            record.mutated_inputs = any(
-                isinstance(a, torch.Tensor) and not _same(a, b) for a, b in zip(layout.inputs, staging))
+            record.mutated_inputs = any(isinstance(a, torch.Tensor) and not _same(a, b) for a, b in zip(inputs, staging))
         return record, (done.sequence, got)
 
     def _layout(self, staging: list, outputs: list) -> _Layout:
-        """The shared buffers for calls on inputs and outputs laid out like these, made (and sent
-        to the worker) the first time: on a GPU an allocation each, on the CPU one memfd for all."""
+        """The shared buffers for calls on inputs and outputs laid out like these, made (and described
+        to the worker) the first time: on a GPU an allocation each; on the CPU where each lies in a
+        call's memfds (the inputs' and the spill buffer's), which every call makes anew."""
         key = (tuple(_signature(x) for x in staging), tuple(_signature(t) for t in outputs))
         if key in self.layouts:
             return self.layouts[key]
         tensors = [x for x in staging if isinstance(x, torch.Tensor)] + list(outputs)
         layouts = [exchange.layout_of(t) for t in tensors]
+        count = len(tensors) - len(outputs)
         if self.cuda:
             held = sum(buffer.nbytes for layout in self.layouts.values() for buffer in layout.buffers)
             if self.layouts and held + sum(nbytes for _, _, nbytes in layouts) > _LAYOUT_BYTES:
@@ -302,20 +301,15 @@ class Judge:
                      for b, t, (shape, stride, nbytes) in zip(buffers, tensors, layouts)]
             fds = []
         else:
-            offsets, total = [], 0
-            for _, _, nbytes in layouts:
-                offsets.append(total)
-                total += -(-nbytes // 64) * 64  # each tensor 64-byte aligned
-            host, buffers = exchange.HostBuffer(total), []
-            self._host_buffers.append(host)
-            shared = [exchange.view(host.raw, t.dtype, shape, stride, offset)
-                      for t, (shape, stride, _), offset in zip(tensors, layouts, offsets)]
-            specs = [BufferSpec(_dtype(t), shape, stride, nbytes, fd=0, offset=offset)
-                     for t, (shape, stride, nbytes), offset in zip(tensors, layouts, offsets)]
-            fds = [host.fd]
+            specs, buffers, shared, fds = [], [], [None] * len(tensors), []
+            for group in (range(count), range(count, len(tensors))):  # the inputs' memfd, the spill buffer's
+                total = 0
+                for i in group:
+                    shape, stride, nbytes = layouts[i]
+                    specs.append(BufferSpec(_dtype(tensors[i]), shape, stride, nbytes, offset=total))
+                    total += -(-nbytes // 64) * 64  # each tensor 64-byte aligned
         if self.cuda:  # an input or an output (the worker's, strided as it likes) may be copied element-wise
             load_gated_kernels(self.device, {t.dtype for t in tensors})
-        count = len(tensors) - len(outputs)
         inputs, input_specs, index = [], [], 0
         for x in staging:
             is_tensor = isinstance(x, torch.Tensor)
@@ -324,8 +318,7 @@ class Judge:
             index += is_tensor
         number = len(self.layouts) + 1
         self._send(Buffers(layout=number, inputs=input_specs, spill=specs[count:]), fds)
-        copies = None if self.cuda else [torch.empty_like(t) for t in shared[count:]]
-        layout = self.layouts[key] = _Layout(number, inputs, shared[count:], buffers, copies)
+        layout = self.layouts[key] = _Layout(number, inputs, shared[count:], buffers, input_specs, specs[count:])
         return layout
 
     def _free_layouts(self) -> None:
@@ -408,18 +401,53 @@ class Judge:
             raise _WorkerRaised(settled.error)
 
     def _call_cpu(self, go: Go, staging: list, layout: _Layout):
-        flush = self._flush_buffer()
-        flush.bitwise_not_()  # the caches hold none of the worker's data (but what the copy-in brings)
-        started = time.perf_counter_ns()
-        for shared, x in zip(layout.inputs, staging):
-            if shared is not None:
-                shared.copy_(x)
-        self._send(go)
-        done = self._receive_done(go.k)
-        got = layout.copied(self._sources(done, layout))
-        raw_ms = (time.perf_counter_ns() - started) / 1e6
+        """The clock: docs/design.md, One call, and the clock. The call's inputs are written into a memfd
+        made for this call alone before the clock starts, and the worker gets it with the ``Go``: nothing
+        it held before can show it the inputs. Its spill buffer, another memfd of the call's own, goes to
+        the worker only once its forward has returned (``Ready``), so no output is computed into it in
+        place of the worker's copy; and the clock stops once it is sealed against writes, after the
+        ``Done``: what the judge reads is what it held then, whatever the worker's threads do after.
+        Nothing of the judge's own copies is in the clock, and nothing the worker can reach before ``Go``
+        or change after the seal is in what the call's time holds."""
+        inputs_fd = exchange.memfd(layout.input_bytes, exchange.INPUTS)
+        spill_fd = exchange.memfd(layout.spill_bytes, exchange.OUTPUTS)
+        try:
+            inputs = layout.over(exchange.mapped(inputs_fd, layout.input_bytes), layout.input_specs)
+            for shared, x in zip(inputs, staging):
+                if shared is not None:
+                    shared.copy_(x)
+            self._flush_buffer().bitwise_not_()  # the caches hold none of the call's data
+            started = time.perf_counter_ns()
+            self._send(go, [inputs_fd])
+            self._receive_ready(go.k)
+            self._send(Spill(k=go.k), [spill_fd])
+            done = self._receive_done(go.k)
+            sealed = exchange.seal_writes(spill_fd)
+            raw_ms = (time.perf_counter_ns() - started) / 1e6
+            if not sealed:
+                raise WorkerFailed("the worker still had the call's spill buffer mapped for writing after its answer "
+                                   "(an output could still change while the judge reads it)")
+            spill = layout.over(exchange.mapped(spill_fd, layout.spill_bytes, private=True), layout.spill_specs)
+        finally:
+            os.close(inputs_fd)
+            os.close(spill_fd)
+        got = self._sources(done, layout, spill)
         self._settle(go.k)
-        return raw_ms, done, got
+        return raw_ms, done, got, inputs
+
+    def _receive_ready(self, k: int) -> None:
+        """(The CPU.) The worker's word that call ``k``'s forward has returned; a ``Done`` in its place
+        says why not (the forward raised)."""
+        try:
+            message, _ = self.link.recv((Ready, Done))
+        except (EOFError, ProtocolError) as exc:
+            raise WorkerFailed(f"the worker broke the call protocol ({exc})") from None
+        if message.k != k:
+            raise WorkerFailed(f"the worker answered call {message.k} when call {k} was asked")
+        if isinstance(message, Done):
+            if message.error is not None:
+                raise _WorkerRaised(message.error)
+            raise WorkerFailed("the worker answered before it asked for the call's spill buffer")
 
     def _receive_done(self, k: int, timeout: float | None = None) -> Done:
         try:
@@ -434,10 +462,12 @@ class Judge:
             raise _WorkerRaised(done.error)
         return done
 
-    def _sources(self, done: Done, layout: _Layout) -> list[torch.Tensor]:
+    def _sources(self, done: Done, layout: _Layout, spill: list | None = None) -> list[torch.Tensor]:
         """The worker's outputs, where it says they are, as tensors the judge reads (never writes). An
         output of another shape or dtype than the task's needs no reading: a placeholder of its layout
-        (on the meta device) carries the comparison's verdict."""
+        (on the meta device) carries the comparison's verdict. ``spill``: the call's spill buffers
+        (the CPU's, sealed), else the layout's."""
+        spill = layout.spill if spill is None else spill
         if len(done.outputs) > 4096:
             raise WorkerFailed("the worker named more outputs than a call can have")
         sources = []
@@ -446,16 +476,11 @@ class Judge:
                 dtype = getattr(torch, ref.dtype)
                 if not isinstance(dtype, torch.dtype):
                     raise ValueError(f"no dtype {ref.dtype!r}")
-                expected = layout.spill[index] if index < len(layout.spill) else None
+                expected = spill[index] if index < len(spill) else None
                 if expected is None or list(expected.shape) != ref.shape or expected.dtype != dtype:
                     sources.append(torch.empty(ref.shape, dtype=dtype, device="meta"))
                 elif ref.spilled:
-                    if index >= len(layout.spill):
-                        raise ValueError("a spilled output beyond the task's outputs")
-                    spill = layout.spill[index]
-                    if list(spill.shape) != ref.shape or spill.dtype != dtype:
-                        raise ValueError("a spilled output of another layout than its buffer")
-                    sources.append(spill)
+                    sources.append(expected)
                 elif self.cuda and ref.handle is not None:
                     pointer, size = self.memory.open(ref.handle)
                     sources.append(exchange.view(self.memory.bytes_at(pointer, size), dtype, ref.shape, ref.stride, ref.offset))

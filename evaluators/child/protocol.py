@@ -8,10 +8,12 @@ Two conversations, both of them here:
   with ``decode`` into the command's answer class, which checks every field's type: the worker's
   answers come from a process that runs candidate code.
 - **judge <-> worker** (the call protocol, ``judge.py`` and ``worker.py``), on a socket of their
-  own that the harness hands each of them (``Connect``): the judge sends ``Buffers`` (where the
-  inputs and the spill outputs live), ``Flags`` (the GPU's call number and done words), one
+  own that the harness hands each of them (``Connect``): the judge sends ``Buffers`` (how a
+  layout's inputs and spill outputs lie), ``Flags`` (the GPU's call number and done words), one
   ``Go`` per call and ``Stop`` after a phase's calls; the worker answers each ``Go`` with a ``Done``
-  naming where its outputs are, then ``Settled``. Nothing the worker sends is trusted: a ``Done``
+  naming where its outputs are, then ``Settled``. On the CPU a ``Go`` carries the call's own inputs
+  memfd, and between the two the worker says ``Ready`` (its forward has returned) and the judge
+  answers ``Spill`` (the call's own spill memfd). Nothing the worker sends is trusted: a ``Done``
   only says where to look, and the judge reads and judges the memory itself.
 
 Both sides import this module: the children as ``protocol`` (a sibling), the host as
@@ -41,7 +43,7 @@ except ImportError:  # Python built without OpenSSL
 #: The largest message either side reads from the other (a ``Done``, a ``Reply``).
 MAX_MESSAGE = 4 << 20
 #: Bumped whenever a change to the judge's clock changes what a timing means; part of the baseline cache key.
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 _json_dumps, _json_loads = json.dumps, json.loads
 
 
@@ -156,13 +158,11 @@ class Drive(Message):
 
     ``trials``: the reference's trials, compared in full. ``warmup``: ``calls`` calls, neither
     judged nor timed. ``time``: ``calls`` timed calls, ``checked`` of them (which ones is secret; a
-    candidate's: all) compared in full, with an audited call after each position in ``audit_at``,
-    after (on a GPU) as many calls of the task's Model in the judge's own process (``local``); ``own_share`` (the
-    CPU, the yardstick's run only): before each timed call, the judge's own share of a call
-    (``share``: the same steps with no worker)."""
+    candidate's: all) compared in full, after (on a GPU) as many calls of the task's Model in the
+    judge's own process (``local``); ``own_share`` (the CPU, the yardstick's run only): before each
+    timed call, the judge's own share of a call (``share``: the same steps with no worker)."""
     phase: Phase
     calls: int = 0
-    audit_at: list[int] = field(default_factory=list)
     checked: int = 0
     # The job's tolerance (EvalSettings), sent by the harness with every phase that compares; the
     # protocol keeps no default of its own to drift from it (exact, were a phase sent without it).
@@ -174,7 +174,8 @@ class Drive(Message):
 
 @dataclass
 class Findings(Message):
-    """What the worker's own checks saw during an audited call: reasons to lower a reward, never to raise it."""
+    """What the worker's own checks saw during a call of a candidate's (every one is audited): reasons to
+    lower a reward, never to raise it."""
     torch_ops: dict[str, int] = field(default_factory=dict)
     triton_launches: int = 0
     empty_output: bool = False
@@ -206,7 +207,7 @@ class CallRecord(Message):
     task's Model in the judge's own process (``RefTime``'s way), made before a run's timed calls; a
     ``share`` call the judge's own share of a call on the CPU (``Drive.own_share``)."""
     k: int
-    kind: str  # "trial", "warmup", "timed", "audited", "local", "share"
+    kind: str  # "trial", "warmup", "timed", "local", "share"
     verdict: TrialVerdict | None = None
     time_ms: float | None = None
     mutated_inputs: bool = False
@@ -292,14 +293,13 @@ COMMANDS: dict[str, type[Message]] = {cls.__name__: cls for cls in (
 @dataclass
 class BufferSpec(Message):
     """One tensor in shared memory: its layout, and where it lives (``handle``: a CUDA IPC memory
-    handle, hex, of an allocation of ``nbytes``; ``fd``: the index of a memfd among the descriptors
-    sent with the message, and ``offset``, where in it the tensor starts)."""
+    handle, hex, of an allocation of ``nbytes``; on the CPU ``offset``: where the tensor starts in
+    each call's memfd, the inputs' or the spill buffer's)."""
     dtype: str
     shape: list[int]
     stride: list[int]
     nbytes: int
     handle: str | None = None
-    fd: int | None = None
     offset: int = 0
 
 
@@ -332,12 +332,26 @@ class Flags(Message):
 
 @dataclass
 class Go(Message):
-    """Call ``k`` on layout ``layout``'s inputs. ``values``: the non-tensor inputs (None where a
-    tensor goes). ``audit``: run it under every check."""
+    """Call ``k`` on layout ``layout``'s inputs (on the CPU in the memfd sent with it, made for this
+    call alone). ``values``: the non-tensor inputs (None where a tensor goes). Nothing in it tells one
+    kind of call from another: a candidate's calls all run under every check."""
     k: int
     layout: int
     values: list[Any] = field(default_factory=list)
-    audit: bool = False
+
+
+@dataclass
+class Ready(Message):
+    """(The CPU, the worker.) Call ``k``'s forward has returned: the judge sends its spill buffer."""
+    k: int
+
+
+@dataclass
+class Spill(Message):
+    """(The CPU, the judge.) Call ``k``'s spill buffer, a memfd made for this call alone, sent with this
+    message only once the forward has returned (an output cannot have been computed into it); the judge
+    seals it against writes when the ``Done`` comes, and reads it then."""
+    k: int
 
 
 @dataclass

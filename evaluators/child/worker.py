@@ -5,18 +5,23 @@ It maps the buffers the judge shares (``exchange``), and for each ``Go`` runs th
 call's inputs and answers ``Done``: where its outputs are. On a GPU it queues the call behind a
 wait for the call's number and answers as soon as it is queued, so its launches are done before
 the judge's clock starts; its stream writes the number to the done word after the forward, which
-is how the judge learns the work is over. The judge reads the outputs and keeps the time
+is how the judge learns the work is over. On the CPU the call's inputs come in a memfd of their own
+with the ``Go``, and its spill buffer in another once the forward has returned (``Ready``, ``Spill``):
+it writes the outputs there (``pwrite``), and answers. The judge reads the outputs and keeps the time
 (``judge.py``); so a candidate that reaches every object here, the channel and the flags included,
 can at worst be judged on the work it really did, at the speed it really ran.
 
 What runs here besides the model is defence in depth, whose findings can only add violations:
-the dispatch audit and Triton launch count of audited calls, modes left on torch's stack, threads
-and processes beside the model, and the integrity of the harness's objects (``guards``).
+the dispatch audit and Triton launch count of every call of a candidate's (never only some: a call
+the audit skipped could be told from the rest), modes left on torch's stack, threads and processes
+beside the model, and the integrity of the harness's objects (``guards``).
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
+import os
 import pickle
 import sys
 import traceback
@@ -40,16 +45,24 @@ from protocol import (
     LoadAnswer,
     OutputRef,
     Release,
+    Ready,
     Released,
     ServeAnswer,
     Settled,
+    Spill,
     Stop,
 )
 
 
 class _Layout:
-    def __init__(self, inputs: list, spill: list, handles: list[str]):
+    """A layout's inputs and spill outputs: on a GPU tensors over the judge's buffers (opened by
+    ``handles``); on the CPU their specs, laid over each call's own memfds."""
+
+    def __init__(self, inputs: list, spill: list, handles: list[str], input_specs: list = (), spill_specs: list = ()):
         self.inputs, self.spill, self.handles = inputs, spill, handles
+        self.input_specs, self.spill_specs = list(input_specs), list(spill_specs)
+        self.input_bytes = _extent(self.input_specs)
+        self.spill_bytes = _extent(self.spill_specs)
 
 
 class _Ops(NamedTuple):
@@ -57,6 +70,8 @@ class _Ops(NamedTuple):
     release: Callable
     call: Callable
     share: Callable
+    spill: Callable
+    copy_out: Callable
     audited: Callable
     look_around: Callable
     settle: Callable
@@ -76,12 +91,14 @@ class Worker:
         self.layouts: dict[int, _Layout] = {}
         self.kept: list = []  # the last call's outputs, alive until the judge has read them
         self.seen = {"calls": 0, "processes": set(), "threads": set(), "modes": set()}
+        self.audit = False  # a candidate's calls, every one of them, run under the audit (``load``)
         self.launches = guards.KernelLaunchCounter()
         self.integrity: guards.Integrity | None = None
         self.processes: guards.Processes | None = None
         # The methods a call runs, bound now, before any candidate code exists in the process: a method
         # the candidate replaces on the class later is not the one that runs (the integrity check names it).
-        self.ops = _Ops(Worker._map, Worker._release, Worker._call, Worker._share, Worker._audited, Worker._look_around, Worker._settle)
+        self.ops = _Ops(Worker._map, Worker._release, Worker._call, Worker._share, Worker._spill, _copy_out,
+                        Worker._audited, Worker._look_around, Worker._settle)
 
     def connect(self, link: protocol.Link) -> None:
         self.link = link
@@ -96,6 +113,7 @@ class Worker:
             self.launches.install()
             guards.watch_host_reads()
             self.processes = guards.Processes() if self.pid_namespace else None
+            self.audit = True
             self.integrity = guards.Integrity(instances={"the worker": self, "the worker's link": self.link})
             self.integrity.accept("the worker", "integrity")
         init = _init_inputs(req.init_inputs)
@@ -132,6 +150,8 @@ class Worker:
         module = importlib.util.module_from_spec(spec)
         sys.modules["model_new"] = module
         try:
+            if (snapshot / "kernels").is_dir():
+                _bind_package("kernels", snapshot / "kernels")
             spec.loader.exec_module(module)
         except Exception as exc:
             error = trimmed("importing model_new.py", exc)
@@ -175,7 +195,7 @@ class Worker:
                 self.ops.release(self, message)
                 self.link.send(Released())
             else:
-                self.link.send(self.ops.call(self, message))
+                self.link.send(self.ops.call(self, message, fds))
                 # Then, outside the judge's clock: the device done with the call (or failed), a look around,
                 # and word that this process waits for the next call (the judge starts none before).
                 settled = self.ops.settle(self, message.k)
@@ -187,22 +207,21 @@ class Worker:
                            threads=sorted(self.seen["threads"]), modes=sorted(self.seen["modes"]))
 
     def _map(self, message: Buffers, fds: list[int]) -> None:
+        for fd in fds:
+            os.close(fd)
+        if not self.cuda:  # the memfds come with each call
+            self.layouts[message.layout] = _Layout([], [], [], message.inputs, message.spill)
+            return
         specs = [spec for spec in (*message.inputs, *message.spill) if spec is not None]
-        host = None
-        if not self.cuda and specs:  # one memfd holds every buffer of the layout
-            host = exchange.HostBuffer.adopt(fds[0], max(spec.offset + spec.nbytes for spec in specs))
 
         def tensor(spec: protocol.BufferSpec | None):
             if spec is None:
                 return None
-            dtype = getattr(torch, spec.dtype)
-            if self.cuda:
-                pointer, size = self.memory.open(spec.handle)
-                return exchange.view(self.memory.bytes_at(pointer, size), dtype, spec.shape, spec.stride)
-            return exchange.view(host.raw, dtype, spec.shape, spec.stride, spec.offset)
+            pointer, size = self.memory.open(spec.handle)
+            return exchange.view(self.memory.bytes_at(pointer, size), getattr(torch, spec.dtype), spec.shape, spec.stride)
 
         self.layouts[message.layout] = _Layout([tensor(s) for s in message.inputs], [tensor(s) for s in message.spill],
-                                               [spec.handle for spec in specs if self.cuda])
+                                               [spec.handle for spec in specs])
 
     def _release(self, message: Release) -> None:
         """Unmap the layouts the judge will free (the worker's copies of their outputs with them)."""
@@ -212,10 +231,18 @@ class Worker:
                 self.memory.close(handle)
         torch.cuda.empty_cache()
 
-    def _call(self, go: Go) -> Done:
+    def _call(self, go: Go, fds: list[int]) -> Done:
         layout = self.layouts[go.layout]
-        inputs = [t if t is not None else v for t, v in zip(layout.inputs, go.values)]
         self.kept.clear()
+        if self.cuda:
+            shared = layout.inputs
+        else:  # this call's own inputs memfd: mapped, and closed (the mapping stays while its tensors live)
+            raw = exchange.mapped(fds[0], layout.input_bytes)
+            for fd in fds:
+                os.close(fd)
+            shared = [None if spec is None else _over(raw, spec) for spec in layout.input_specs]
+            del raw
+        inputs = [t if t is not None else v for t, v in zip(shared, go.values)]
         if self.cuda:
             torch.cuda.set_stream(torch.cuda.default_stream(self.device))
             flags = self.flags[0]
@@ -223,7 +250,7 @@ class Worker:
         findings = None
         try:
             with torch.no_grad():
-                if go.audit:
+                if self.audit:
                     out, findings = self.ops.audited(self, inputs)
                 else:
                     out = self.model(*inputs)
@@ -234,6 +261,8 @@ class Worker:
         if odd:
             return Done(k=go.k, error=f"ModelNew.forward returned {', '.join(odd[:3])} instead of plain tensors")
         self.kept.append(out)
+        if not self.cuda:
+            return self.ops.spill(self, go.k, layout, outputs, is_sequence(out), findings)
         refs = [self.ops.share(self, t, i, layout) for i, t in enumerate(outputs)]
         if self.cuda:
             stream = torch.cuda.default_stream(self.device)  # the legacy stream: after every blocking stream's work
@@ -258,6 +287,19 @@ class Worker:
         if t is not spill:
             spill.copy_(t)
         return OutputRef(dtype=dtype, shape=list(t.shape), stride=list(spill.stride()), spilled=True)
+
+    def _spill(self, k: int, layout: _Layout, outputs: list, sequence: bool, findings: Findings | None) -> Done:
+        """(The CPU.) The forward has returned: ask for the call's spill buffer, write every output of the
+        task's layout into it (the judge seals it against writes as the ``Done`` comes: a mapping still
+        writable then fails the call) and say where each output is."""
+        self.link.send(Ready(k=k))
+        message, fds = self.link.recv(Spill)
+        if message.k != k or not fds:
+            raise protocol.ProtocolError(f"a spill buffer for call {message.k} when call {k} was running")
+        refs = self.ops.copy_out(fds[0], layout, outputs)
+        for fd in fds:
+            os.close(fd)
+        return Done(k=k, outputs=refs, sequence=sequence, findings=findings)
 
     def _audited(self, inputs: list) -> tuple:
         """One call under the dispatch audit (every ATen operator, from Python or C++) and the Triton launch count."""
@@ -295,6 +337,46 @@ class Worker:
         return protocol.IntegrityAnswer(changes=self.integrity.changes(), new_threads=self.integrity.new_threads(),
                                         processes=self.processes.new() if self.processes is not None else [],
                                         modes=guards.modes_on_stack())
+
+
+def _bind_package(name: str, folder: Path) -> None:
+    """``import name`` finds ``folder`` (the snapshot's ``kernels/``), whatever else on the path has that
+    name: a folder without ``__init__.py`` is a namespace package, which any installed package of the
+    name beats (Hugging Face's ``kernels``, which transformers >= 5.25 installs)."""
+    init = folder / "__init__.py"
+    if init.is_file():
+        spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(folder)])
+    else:
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    if spec.loader is not None:
+        spec.loader.exec_module(package)
+
+
+def _copy_out(fd: int, layout: _Layout, outputs: list) -> list[OutputRef]:
+    """Write each output of the task's layout into the spill memfd ``fd`` (never mapped here: the judge
+    seals it as the ``Done`` comes, which a writable mapping would fail)."""
+    refs = []
+    for index, t in enumerate(outputs):
+        dtype = str(t.dtype).removeprefix("torch.")
+        spec = layout.spill_specs[index] if index < len(layout.spill_specs) else None
+        if spec is None or dtype != spec.dtype or list(t.shape) != spec.shape:
+            # Not the task's output: the judge's comparison says so from the layout alone.
+            refs.append(OutputRef(dtype=dtype, shape=list(t.shape), stride=list(t.stride())))
+            continue
+        exchange.write(fd, t, spec.offset, spec.stride)
+        refs.append(OutputRef(dtype=dtype, shape=spec.shape, stride=spec.stride, spilled=True))
+    return refs
+
+
+def _over(raw: torch.Tensor, spec: protocol.BufferSpec) -> torch.Tensor:
+    return exchange.view(raw, getattr(torch, spec.dtype), spec.shape, spec.stride, spec.offset)
+
+
+def _extent(specs: list) -> int:
+    return max((spec.offset + spec.nbytes for spec in specs if spec is not None), default=0)
 
 
 def _init_inputs(path: str):

@@ -49,7 +49,7 @@ class _Rewriter:
 
 _channel._reply = _Rewriter(_channel._reply, _channel._key)
 _call = _worker.ops.call
-_worker.ops = _worker.ops._replace(call=lambda worker, go: _call(worker, go))
+_worker.ops = _worker.ops._replace(call=lambda worker, go, fds: _call(worker, go, fds))
 threading.Thread(target=lambda: time.sleep(3600), daemon=True).start()
 
 

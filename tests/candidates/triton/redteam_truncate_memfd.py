@@ -1,38 +1,34 @@
-"""Red team: shrinking the judge's shared memfd so that the judge's own reads of it fault.
+"""Red team: shrinking the judge's memfds so that the judge's own reads of them fault.
 
-The judge allocates every call's shared buffer as a memfd and sends it to the worker, which maps it;
-the memfd carries no seals, so the worker can ``ftruncate`` it to zero. The worker's forward writes its
-output straight into the spill buffer (no copy by the worker), truncates the memfd and answers: the
-judge's clone of the spill buffer, in its own process, touches pages past the end of the file and
-takes SIGBUS. The trusted process dies on the candidate's word. The harness must answer: rejected, the
-candidate's fault, and never raise."""
+The judge makes each call's memfds (its inputs, its spill buffer) and sends them to the worker. A
+worker that truncated one (``ftruncate`` to zero) would have the judge's own reads of it touch pages
+past the end of the file: SIGBUS, the trusted process dead on the candidate's word. This candidate
+keeps every descriptor the judge sends (a hook on ``socket.recv_fds``) and, in each forward, truncates
+them all. Their sizes are sealed: the harness must answer: rejected, the candidate's fault, and never
+raise."""
 
-import gc
 import os
-import sys
+import socket
 
 import torch.nn as nn
 
 from kernels.relu_add import relu_add
 
-_module = sys.modules["worker"]
-_worker = next(o for o in gc.get_objects() if isinstance(o, _module.Worker))
+_orig_recv_fds = socket.recv_fds
+_kept: list[int] = []
 
 
-def _memfds():
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if "kernel_env-call" in os.readlink(f"/proc/self/fd/{name}"):
-                yield int(name)
-        except OSError:
-            pass
+def _recv_fds(sock, bufsize, maxfds, flags=0):
+    data, fds, msg_flags, address = _orig_recv_fds(sock, bufsize, maxfds, flags)
+    _kept.extend(os.dup(fd) for fd in fds)
+    return data, fds, msg_flags, address
+
+
+socket.recv_fds = _recv_fds
 
 
 class ModelNew(nn.Module):
     def forward(self, x, y):
-        layout = next(iter(_worker.layouts.values()))
-        spill = layout.spill[0]
-        relu_add(x, y, spill)
-        for fd in _memfds():
+        for fd in _kept:
             os.ftruncate(fd, 0)
-        return spill
+        return relu_add(x, y)

@@ -18,9 +18,9 @@ _worker = next(o for o in gc.get_objects() if isinstance(o, _module.Worker))
 _call = _worker.ops.call
 
 
-def _slow(worker, go):
+def _slow(worker, go, fds):
     time.sleep(0.02)
-    return _call(worker, go)
+    return _call(worker, go, fds)
 
 
 _worker.ops = _worker.ops._replace(call=_slow)
