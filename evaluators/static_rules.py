@@ -59,11 +59,11 @@ _PYTHON_RULES: tuple[tuple[str, str], ...] = (
     (r"\.__(dict|globals|class|bases|mro|subclasses|code|closure|builtins|func|self|wrapped|module|getattribute|setattr|init_subclass)__\b|\b__builtins__\b",
      "reaches into objects through dunder attributes"),
     (r"^[ \t]*(torch|time|triton|math|os|sys)(\.\w+)+\s*=[^=]", "replaces attributes of torch, time, triton or the standard library"),
-    # A clock lets code time its own torch calls and so tell the audited calls (slower under the
-    # audit's dispatch mode) from the timed ones; timing is the harness's job.
+    # A clock lets code time its own calls and behave by what it sees (a busy machine, a call through
+    # another path); timing is the harness's job.
     (r"\btime\.(?!sleep\b)\w+|\b(?:perf_counter|monotonic|process_time|thread_time|clock_gettime)\w*\b|\bdatetime\b|"
      r"\belapsed_time\b|\benable_timing\b|\bdo_bench\w*\b|\btimeit\b|^[ \t]*from\s+time\s+import\b",
-     "reads a clock (timing is the evaluator's job; a clock in forward is a way to tell audited calls from timed ones)"),
+     "reads a clock (timing is the evaluator's job)"),
     (r"\bos\.(?!path\b)\w+|\bopen\s*\(|\.\s*(?:write_text|write_bytes)\s*\(|\binput\s*\(",
      "touches the process, its environment, its descriptors or files (os.environ, os.write, open, input, ...)"),
     # A process of its own has a CUDA context of its own, which the timing's device-wide
@@ -127,8 +127,8 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
      r"\bstd::(?:thread|jthread|async)\b|pthread_create|\bthrd_create\b|\w*ThreadPool\w*|\b(?:at|c10)::(?:launch|intraop_launch)\w*|"
      r"\bcu(?:da)?(?:LaunchHostFunc|StreamAddCallback)\b",
      _THREADS),
-    # The evaluator's device record of audited calls is CUPTI's: code of the candidate's must not subscribe, stop or
-    # flush it (nor start and stop external profilers).
+    # Code of the candidate's must not subscribe to, stop or flush CUPTI, the profilers' device record (nor start
+    # and stop external profilers).
     (r"\bcupti\w*|\bCUpti\w*|\bcu(?:da)?Profiler(?:Start|Stop|Initialize)\b",
      "reaches the profiler (CUPTI), which the evaluator's device record uses"),
     (r"\bcudaIpc\w+|\bcuIpc\w+|\bcuMem(?:Export|Import)\w*",
@@ -144,7 +144,7 @@ _NATIVE_RULES: tuple[tuple[str, str], ...] = (
      r"\bcudaHostAlloc\b|\bcudaHostRegister\b|\bcudaMallocManaged\b|\bcudaHostGetDevicePointer\b|\.\s*cpu\s*\(",
      "moves data from the GPU to the host or maps host memory (the outputs must be computed on the device)"),
     (r"std::chrono|\b(?:clock_gettime|gettimeofday|__rdtsc|rdtsc|cudaEventElapsedTime|clock|clock64|time)\s*\(",
-     "reads a clock (timing is the evaluator's job; a clock is a way to tell audited calls from timed ones)"),
+     "reads a clock (timing is the evaluator's job)"),
     (r"\b(?:fopen|freopen|fdopen|open|openat|creat|mmap|mprotect|ptrace|process_vm_\w+|syscall|prctl|vfork|execv\w*|execl\w*|"
      r"symlink\w*|link|linkat|mkfifo\w*|mknod\w*|unlink\w*|rename\w*|unshare|setns|mount|umount2?|chroot|pivot_root)\s*\(|"
      r"(?<![.>\w])(?:clone|read|write|pread\w*|pwrite\w*|readv|writev|send|sendto|sendmsg|recv|recvfrom|recvmsg|ioctl|dup[23]?)\s*\(|"

@@ -5,30 +5,20 @@ Model through the same worker) pays in every call. A forward that can reach that
 output there and returns a view of it: the worker's copy is then a copy onto itself, and the candidate
 is timed without it. This candidate looks, in each call, for a memfd it can map for writing that is
 not the call's inputs (in ``/proc/self/fd``, and every descriptor the judge has sent it, kept by a hook
-on ``socket.recv_fds``), computes its output into it and returns that; it answers zeros where it finds
+on ``socket.recv_fds``: ``kernels/hijack.py``), computes its output into it and returns that; it answers zeros where it finds
 none. The judge sends a call's spill buffer only once its forward has returned (``Ready``), and seals
 each against writes when the call is answered: the harness must find it wrong (-1)."""
 
 import mmap
 import os
-import socket
 
 import torch
 import torch.nn as nn
 
+from kernels.hijack import kept
 from kernels.relu_add import relu_add
 
-_orig_recv_fds = socket.recv_fds
-_kept: list[int] = []
-
-
-def _recv_fds(sock, bufsize, maxfds, flags=0):
-    data, fds, msg_flags, address = _orig_recv_fds(sock, bufsize, maxfds, flags)
-    _kept.extend(os.dup(fd) for fd in fds)
-    return data, fds, msg_flags, address
-
-
-socket.recv_fds = _recv_fds
+_received = kept()
 
 
 def _writable_memfds():
@@ -39,7 +29,7 @@ def _writable_memfds():
                 names.append(int(name))
         except OSError:
             pass
-    for fd in dict.fromkeys(names + _kept):
+    for fd in dict.fromkeys(names + [fd for fd, _ in _received]):
         try:
             if "inputs" in os.readlink(f"/proc/self/fd/{fd}"):
                 continue

@@ -4,34 +4,24 @@ A call's time on the CPU is the judge's clock less the judge's own share of a ca
 was measured beside each call on pages the worker also mapped, a worker that changed those pages'
 backing between calls (punching holes in the shared memfd: ``MADV_REMOVE``) made the judge's own steps
 pay page faults in the measurement and not in the call, and every timed call sat at the floor. This
-candidate keeps every descriptor the judge sends it (a hook on ``socket.recv_fds``) and, after the
+candidate keeps every descriptor the judge sends it (a hook on ``socket.recv_fds``: ``kernels/hijack.py``) and, after the
 trials, punches a hole through each it can map for writing, before and after its honest kernel. The
 share is measured on the judge's own memfds, before any candidate code exists in the worker: the
 harness must time it as the honest kernel it is (or reject it), never near the floor."""
 
 import mmap
 import os
-import socket
 
 import torch.nn as nn
 
+from kernels.hijack import kept
 from kernels.relu_add import relu_add
 
-_orig_recv_fds = socket.recv_fds
-_kept: list[int] = []
-
-
-def _recv_fds(sock, bufsize, maxfds, flags=0):
-    data, fds, msg_flags, address = _orig_recv_fds(sock, bufsize, maxfds, flags)
-    _kept.extend(os.dup(fd) for fd in fds)
-    return data, fds, msg_flags, address
-
-
-socket.recv_fds = _recv_fds
+_received = kept()
 
 
 def _punch():
-    for fd in _kept:
+    for fd, _ in _received:
         try:
             with mmap.mmap(fd, os.fstat(fd).st_size) as mapping:
                 mapping.madvise(mmap.MADV_REMOVE)

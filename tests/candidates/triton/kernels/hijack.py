@@ -1,4 +1,8 @@
-"""(Red team.) The worker's call protocol answered by a hook of the candidate's, past the worker's own code.
+"""(Red team.) Hooks of the candidate's on the worker's socket (the socket module is not among what the
+integrity check watches).
+
+``kept()``: a copy of every descriptor the judge sends, kept, with the type of the message it came
+with (``Go``, ``Spill``, ...).
 
 ``install(compute)`` hooks ``socket.recv_fds`` (the socket module is not among what the integrity check
 watches). From the first call after the trials on, every ``Go`` is answered in the hook and never
@@ -19,6 +23,22 @@ import torch
 _protocol, _exchange, _module = sys.modules["protocol"], sys.modules["exchange"], sys.modules["worker"]
 _worker = next(o for o in gc.get_objects() if isinstance(o, _module.Worker))
 _orig_recv_fds = socket.recv_fds
+_kept: list[tuple[int, str]] = []
+
+
+def kept() -> list[tuple[int, str]]:
+    """(a copy of each descriptor received, the type of its message), oldest first, from now on."""
+    def recv_fds(sock, bufsize, maxfds, flags=0):
+        data, fds, msg_flags, address = _orig_recv_fds(sock, bufsize, maxfds, flags)
+        try:
+            kind = json.loads(data).get("type", "") if data else ""
+        except ValueError:
+            kind = ""
+        _kept.extend((os.dup(fd), kind) for fd in fds)
+        return data, fds, msg_flags, address
+
+    socket.recv_fds = recv_fds
+    return _kept
 
 
 def _view(raw, spec):
