@@ -5,7 +5,7 @@ cannot share by its own allocation's IPC handle (a view of an input, memory of a
 every output on the CPU) it copies into a spill buffer the judge owns. The protocol these serve:
 docs/design.md, What is trusted, and One call, and the clock.
 
-- ``memfd``, ``mapped``, ``write``, ``seal_writes``: (the CPU) a call's memfds, made by the judge for that call
+- ``memfd``, ``mapped``, ``extent``, ``over``, ``write``, ``seal_writes``: (the CPU) a call's memfds, made by the judge for that call
   alone and sent over the judge–worker socket: its inputs with ``Go``, its spill buffer once the
   forward has returned, sealed against writes as the worker answers.
 - ``DeviceMemory``: (a GPU) the CUDA driver calls both sides need: allocations, IPC handles and
@@ -94,6 +94,16 @@ def write(fd: int, t: torch.Tensor, offset: int, stride: list[int]) -> None:
     written = 0
     while written < nbytes:
         written += os.pwrite(fd, data[written:], offset + written)
+
+
+def extent(specs: list) -> int:
+    """The bytes a call's memfd needs for tensors laid out by ``specs`` (``BufferSpec``s; None skipped)."""
+    return max((x.offset + x.nbytes for x in specs if x is not None), default=0)
+
+
+def over(raw: torch.Tensor, specs: list) -> list:
+    """Tensors over a call's memfd (``raw``, from ``mapped``) as ``specs`` lay them (None stays None)."""
+    return [None if x is None else view(raw, getattr(torch, x.dtype), x.shape, x.stride, x.offset) for x in specs]
 
 
 def _size(nbytes: int) -> int:

@@ -77,12 +77,7 @@ class _Layout:
     def __init__(self, number: int, inputs: list, spill: list, buffers: list, input_specs: list = (), spill_specs: list = ()):
         self.number, self.inputs, self.spill, self.buffers = number, inputs, spill, buffers
         self.input_specs, self.spill_specs = list(input_specs), list(spill_specs)
-        self.input_bytes = max((x.offset + x.nbytes for x in self.input_specs if x is not None), default=0)
-        self.spill_bytes = max((x.offset + x.nbytes for x in self.spill_specs), default=0)
-
-    def over(self, raw: torch.Tensor, specs: list) -> list:
-        """(The CPU) Tensors over a call's memfd (``raw``) as ``specs`` lay them (None stays None)."""
-        return [None if x is None else exchange.view(raw, getattr(torch, x.dtype), x.shape, x.stride, x.offset) for x in specs]
+        self.input_bytes, self.spill_bytes = exchange.extent(self.input_specs), exchange.extent(self.spill_specs)
 
 
 class Judge:
@@ -412,7 +407,7 @@ class Judge:
         inputs_fd = exchange.memfd(layout.input_bytes, exchange.INPUTS)
         spill_fd = exchange.memfd(layout.spill_bytes, exchange.OUTPUTS)
         try:
-            inputs = layout.over(exchange.mapped(inputs_fd, layout.input_bytes), layout.input_specs)
+            inputs = exchange.over(exchange.mapped(inputs_fd, layout.input_bytes), layout.input_specs)
             for shared, x in zip(inputs, staging):
                 if shared is not None:
                     shared.copy_(x)
@@ -427,7 +422,7 @@ class Judge:
             if not sealed:
                 raise WorkerFailed("the worker still had the call's spill buffer mapped for writing after its answer "
                                    "(an output could still change while the judge reads it)")
-            spill = layout.over(exchange.mapped(spill_fd, layout.spill_bytes, private=True), layout.spill_specs)
+            spill = exchange.over(exchange.mapped(spill_fd, layout.spill_bytes, private=True), layout.spill_specs)
         finally:
             os.close(inputs_fd)
             os.close(spill_fd)

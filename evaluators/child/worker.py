@@ -61,8 +61,7 @@ class _Layout:
     def __init__(self, inputs: list, spill: list, handles: list[str], input_specs: list = (), spill_specs: list = ()):
         self.inputs, self.spill, self.handles = inputs, spill, handles
         self.input_specs, self.spill_specs = list(input_specs), list(spill_specs)
-        self.input_bytes = _extent(self.input_specs)
-        self.spill_bytes = _extent(self.spill_specs)
+        self.input_bytes, self.spill_bytes = exchange.extent(self.input_specs), exchange.extent(self.spill_specs)
 
 
 class _Ops(NamedTuple):
@@ -240,7 +239,7 @@ class Worker:
             raw = exchange.mapped(fds[0], layout.input_bytes)
             for fd in fds:
                 os.close(fd)
-            shared = [None if spec is None else _over(raw, spec) for spec in layout.input_specs]
+            shared = exchange.over(raw, layout.input_specs)
             del raw
         inputs = [t if t is not None else v for t, v in zip(shared, go.values)]
         if self.cuda:
@@ -369,14 +368,6 @@ def _copy_out(fd: int, layout: _Layout, outputs: list) -> list[OutputRef]:
         exchange.write(fd, t, spec.offset, spec.stride)
         refs.append(OutputRef(dtype=dtype, shape=spec.shape, stride=spec.stride, spilled=True))
     return refs
-
-
-def _over(raw: torch.Tensor, spec: protocol.BufferSpec) -> torch.Tensor:
-    return exchange.view(raw, getattr(torch, spec.dtype), spec.shape, spec.stride, spec.offset)
-
-
-def _extent(specs: list) -> int:
-    return max((spec.offset + spec.nbytes for spec in specs if spec is not None), default=0)
 
 
 def _init_inputs(path: str):
