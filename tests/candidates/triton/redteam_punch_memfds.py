@@ -36,9 +36,7 @@ class ModelNew(nn.Module):
 
     def forward(self, x, y):
         self.calls += 1
-        after_trials = self.calls > 5
-        if after_trials:
-            out = relu_add(x, y)
+        out = relu_add(x, y)
+        if self.calls > 5:  # after the trials
             _punch()  # the call's inputs too, once read
-            return out
-        return relu_add(x, y)
+        return out
