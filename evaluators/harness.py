@@ -35,9 +35,10 @@ from pathlib import Path
 
 import torch
 
-from kernel_env.evaluators import clock
+from kernel_env.evaluators import clock, floor
 from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.child.protocol import (
+    BandwidthAnswer,
     CallRecord,
     Connect,
     Drive,
@@ -47,6 +48,7 @@ from kernel_env.evaluators.child.protocol import (
     IntegrityAnswer,
     Load,
     LoadAnswer,
+    RefBandwidth,
     RefInit,
     RefTime,
     RefTimeAnswer,
@@ -157,6 +159,8 @@ class _Script:
         self.compile_pair: tuple[Timing, Timing] | None = None
         #: the Model's calls through the candidate's worker, and the judge's own beside them (``yardstick``)
         self.yardstick_calls: tuple[list[float], list[float]] | None = None
+        #: the most bytes per millisecond the device was measured to move (``device_bandwidth``)
+        self.bytes_per_ms: float | None = None
 
     def run(self) -> None:
         jb, snapshot = self.jb, self.job.snapshot_dir
@@ -172,6 +176,7 @@ class _Script:
         setup = self.run_reference(trials=True)
         if jb.timed:
             self.cached_compile(setup)
+            self.device_bandwidth(setup)
         self.run_candidate()
 
     # ------------------------------------------------------------------ the reference (the judge)
@@ -232,6 +237,25 @@ class _Script:
         cached_eager, compiled = self.compile_pair
         return clock.scaled(compiled, eager.median_ms / cached_eager.median_ms)
 
+    def device_bandwidth(self, setup: SetupAnswer) -> None:
+        """The most bytes per millisecond the device was measured to move, the physical floor's divisor
+        (``floor.py``): cached per device; where the cache has none, measured now in the judge's
+        process, with the device (or the processor) to itself: every other job's steps drained."""
+        jb = self.jb
+        device = setup.device_name if jb.gpu else f"cpu on {socket.gethostname()}"
+        cache = floor.BandwidthCache(self.baselines.directory)
+        self.bytes_per_ms = cache.get(device)
+        if self.bytes_per_ms is not None:
+            return
+        with jb.step("judge: bandwidth", share="timing", drain=True):
+            try:
+                measured = self.judge.call(RefBandwidth(flush_bytes=self._flush_bytes()), BandwidthAnswer,
+                                           self.s.step_timeout_s, yields=False).bytes_per_ms
+            except (ChildError, CommandFailed) as exc:
+                jb.fail(f"measuring the device's memory bandwidth failed: {exc}; not your code's fault",
+                        log=self.judge.log_tail(), fault="evaluator")
+        self.bytes_per_ms = cache.put(device, measured)
+
     def time_locally(self, name: str, models: list[str], *, calls: int | None = None) -> dict[str, list[float]]:
         """The judge's own calls of ``models`` (``RefTime``); a timing run unless ``calls=0`` (warm-up only)."""
         jb, s = self.jb, self.s
@@ -289,6 +313,7 @@ class _Script:
         self.result.eager = clock.local(self.yardstick_calls[1]) if jb.gpu else \
             clock.through_worker(self.yardstick_calls[0], _times(driven.calls, "share"))
         self.result.compiled_baseline = self.compiled_at(self.result.eager)
+        self.result.physical_floor_ms = floor.floor_ms(self.reference.call_bytes, self.bytes_per_ms, self.result.eager)
 
     def load(self, worker: Child, kind: str) -> Load:
         work_dir = worker.path("/job/cand")
@@ -453,6 +478,9 @@ class _Script:
         self.calls(worker, drive(), "candidate: timing", jb.bound(per_call * s.timing_runs * s.timed_calls,
                    cap=s.job_timeout_s, floor=s.timing_floor_s), timing=True, then=then)
         self.check_rules(audited, when="during timing")
+        if floor.surely_below(result.runtime, result.physical_floor_ms):
+            result.violations.append(floor.message(result.runtime, result.physical_floor_ms, self.reference.call_bytes,
+                                                   self.bytes_per_ms))
         if result.violations:
             result.correct, result.runtime = False, None
 

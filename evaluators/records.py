@@ -157,8 +157,14 @@ class EvalResult(BaseModel):
     #: Baselines ("eager", "compile") whose milestone decision lies within the measured noise after
     #: every call the timing run may add: the speed-up's distance from the margin is under twice its
     #: standard error, so another run may decide it the other way; such a speed-up is not paid
-    #: (reward.close_calls, reward.established_milestone).
+    #: (reward.close_calls, reward.established_milestone). "floor": the time lies that close to its
+    #: physical floor.
     close_calls: list[str] = Field(default_factory=list)
+    #: The least time a call of the task can take on this device (floor.py): its inputs read and outputs
+    #: written at the most bandwidth the device was measured to move (x1.5). None where not timed, or
+    #: where the task's own eager code ran under it. A time under it pays no speed-up; one surely
+    #: under it is refused.
+    physical_floor_ms: float | None = None
     # What the verdict was judged with (the job's settings), so every report states the real numbers.
     atol: float = EvalSettings.model_fields["atol"].default
     rtol: float = EvalSettings.model_fields["rtol"].default
@@ -192,7 +198,7 @@ class EvalResult(BaseModel):
             "runtime_ms": self.runtime_ms, "eager_ms": self.eager_ms, "compile_ms": self.compile_ms,
             "speedup_vs_eager": self.speedup_vs_eager, "speedup_vs_compile": self.speedup_vs_compile,
             "error": self.error, "fault": self.fault, "violations": self.violations, "snapshot_hash": self.snapshot_hash,
-            "close_calls": self.close_calls,
+            "close_calls": self.close_calls, "physical_floor_ms": self.physical_floor_ms,
             # why a candidate that ran was wrong (its first failed trial: how many elements, how far off)
             "mismatch": next((trial.message for trial in self.trials if not trial.correct), None),
         }

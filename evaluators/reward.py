@@ -69,22 +69,36 @@ def established_milestone(result: EvalResult) -> int:
     by their medians alone."""
     if not result.correct:
         return -1
+    if _under_floor(result):
+        return 1
     return _milestone(_surely_faster(result, result.eager), _surely_faster(result, result.compiled_baseline))
 
 
 def close_calls(result: EvalResult) -> list[str]:
-    """The baselines ("eager", "compile") whose milestone decision b(t, t0) is not sure: the relative
-    speed-up (t0 - t) / t0 lies within ``CONFIDENCE`` standard errors of the margin (from the two
-    timings' ``sem_ms``: the errors of their central values, a candidate's with its yardstick's and
-    the machine's drift). The harness times such a candidate further (``EvalSettings.timing_runs``);
-    one still close after that is not paid the speed-up (``established_milestone``). A timing
-    without an error decides nothing here."""
+    """The decisions a result's timings do not make sure of: the baselines ("eager", "compile") whose
+    milestone decision b(t, t0) is not sure, the relative speed-up (t0 - t) / t0 lying within
+    ``CONFIDENCE`` standard errors of the margin (from the two timings' ``sem_ms``: the errors of
+    their central values, a candidate's with its yardstick's and the machine's drift); and "floor"
+    where the time lies within them of its physical floor (``floor.py``). The harness times such a
+    candidate further (``EvalSettings.timing_runs``); one still close after that is not paid the
+    speed-up (``established_milestone``). A timing without an error decides nothing here."""
     found = []
     for name, baseline in (("eager", result.eager), ("compile", result.compiled_baseline)):
         gain = _gain(result, baseline)
         if gain is not None and gain[1] is not None and abs(gain[0] - result.speedup_margin) <= CONFIDENCE * gain[1]:
             found.append(name)
+    runtime, floor = result.runtime, result.physical_floor_ms
+    if (floor is not None and runtime is not None and runtime.sem_ms is not None
+            and abs(runtime.median_ms - floor) <= CONFIDENCE * runtime.sem_ms):
+        found.append("floor")
     return found
+
+
+def _under_floor(result: EvalResult) -> bool:
+    """Whether the result's time lies under its physical floor (``floor.py``): a time the device cannot
+    reach pays no speed-up (one surely under it is refused by the harness)."""
+    runtime, floor = result.runtime, result.physical_floor_ms
+    return floor is not None and runtime is not None and runtime.median_ms < floor
 
 
 def _surely_faster(result: EvalResult, baseline) -> bool:

@@ -110,7 +110,9 @@ class RefTrials(Message):
 class RefTrialsAnswer(Message):
     trials: list[ReferenceTrial] = field(default_factory=list)
     trivial: list[str] = field(default_factory=list)
-    output_bytes: int = 0
+    #: The bytes a timed call must move: its tensor inputs read and its outputs written, each counted
+    #: by its distinct elements (an expanded tensor's once), on the task's own inputs (the physical floor).
+    call_bytes: int = 0
     error: str | None = None
 
 
@@ -137,6 +139,18 @@ class RefTime(Message):
 @dataclass
 class RefTimeAnswer(Message):
     times_ms: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass
+class RefBandwidth(Message):
+    """The device's memory bandwidth, measured in the judge's own process (``bandwidth.best``): the
+    physical floor's divisor, measured once per device and cached by the harness."""
+    flush_bytes: int
+
+
+@dataclass
+class BandwidthAnswer(Message):
+    bytes_per_ms: float
 
 
 @dataclass
@@ -284,7 +298,7 @@ class Reply(Message):
 
 
 COMMANDS: dict[str, type[Message]] = {cls.__name__: cls for cls in (
-    Setup, Connect, RefInit, RefTrials, RefScreen, RefTime, DeviceProbe, Drive, Serve, Load, Integrity)}
+    Setup, Connect, RefInit, RefTrials, RefScreen, RefTime, RefBandwidth, DeviceProbe, Drive, Serve, Load, Integrity)}
 
 
 # ============================================================================ judge <-> worker

@@ -26,17 +26,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+import bandwidth  # noqa: E402
 import exchange  # noqa: E402
 import judge  # noqa: E402
 import protocol  # noqa: E402
 import worker  # noqa: E402
 from protocol import (  # noqa: E402
+    BandwidthAnswer,
     Connect,
     DeviceProbe,
     Drive,
     Integrity,
     Load,
     ProbeAnswer,
+    RefBandwidth,
     RefInit,
     RefScreen,
     RefTime,
@@ -120,6 +123,9 @@ class Runner:
     def ref_time(self, req: RefTime) -> RefTimeAnswer:
         return RefTimeAnswer(times_ms=self.reference.time(req.calls, req.warmup, req.flush_bytes, req.models))
 
+    def ref_bandwidth(self, req: RefBandwidth) -> BandwidthAnswer:
+        return BandwidthAnswer(bytes_per_ms=bandwidth.best(self.device, req.flush_bytes, self.reference.threads))
+
     def device_probe(self, req: DeviceProbe) -> ProbeAnswer:
         return ProbeAnswer(busy_ms=exchange.other_work_ms(self.device))
 
@@ -150,7 +156,8 @@ _WORKER_LOAD, _WORKER_SERVE, _WORKER_INTEGRITY = worker.Worker.load, worker.Work
 #: Which role may run which command.
 _ROLE_COMMANDS = {
     "judge": {"Setup": Runner.setup, "Connect": Runner.connect, "RefInit": Runner.ref_init, "RefTrials": Runner.ref_trials,
-              "RefScreen": Runner.ref_screen, "RefTime": Runner.ref_time, "DeviceProbe": Runner.device_probe,
+              "RefScreen": Runner.ref_screen, "RefTime": Runner.ref_time,
+              "RefBandwidth": Runner.ref_bandwidth, "DeviceProbe": Runner.device_probe,
               "Drive": Runner.drive},
     "worker": {"Setup": Runner.setup, "Connect": Runner.connect, "Load": Runner.load, "Serve": Runner.serve,
                "Integrity": Runner.integrity},

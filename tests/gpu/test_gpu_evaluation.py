@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_env.evaluators import harness
+from kernel_env.evaluators import floor, harness
 from kernel_env.evaluators.child.compare import compare_outputs
 from kernel_env.evaluators.records import Mode
 from kernel_env.resources import example_dir
@@ -136,6 +136,13 @@ def test_the_judges_time_of_a_kernel_is_near_do_bench(pool, tmp_path):
     model = module.ModelNew()
     bench_ms = triton.testing.do_bench(lambda: model(x, y), return_mode="median")
     assert 0.85 * bench_ms <= result.runtime_ms <= 1.15 * bench_ms, (result.runtime_ms, bench_ms, result.runtime)
+    # A kernel at the device's memory speed, and above its physical floor (768 MiB a call, at the most
+    # the device was measured to move, times 1.5): the floor is real, and holds no honest kernel back.
+    measured = floor.BandwidthCache(pool.baselines.directory).get(result.device_name)
+    assert measured and measured > 2e8, measured  # bytes per millisecond: 0.2 TB/s at least, on any data-centre GPU
+    assert result.physical_floor_ms == pytest.approx(3 * (1 << 26) * 4 / (measured * floor.SLACK)), result.summary()
+    assert result.physical_floor_ms < result.runtime_ms, (result.physical_floor_ms, result.runtime)
+    print(f"bandwidth {measured / 1e6:.0f} GB/s; floor {result.physical_floor_ms:.4f} ms; runtime {result.runtime_ms:.4f} ms")
 
 
 def test_a_job_short_of_device_memory_beside_another_is_run_again_alone(pool, tmp_path):
