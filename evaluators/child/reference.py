@@ -111,7 +111,7 @@ class Reference:
             return RefTrialsAnswer(error=f"the task's {exc}")
         variants = screen.trial_variants(len(req.seeds), allowed) if req.vary else ["as_is"] * len(req.seeds)
         answers = screen.TrivialAnswers(req.atol, req.rtol, search=req.screen, device=self.device)
-        reports, call_bytes = [], 0
+        reports, timed_bytes = [], 0
         for seed, variant in zip(req.seeds, variants):
             inputs, pristine, out = self._trial(seed, variant)
             if variant != "as_is" and (out is None or not screen.finite(
@@ -134,16 +134,16 @@ class Reference:
                 precise = self._kept(precise, call_bytes) if precise is not None else None
                 self.trials.append({"seed": seed, "variant": variant, "sequence": is_sequence(out),
                                     "expected": kept, "precise": precise})
-                if variant == "as_is":  # as the timed calls make their inputs
-                    call_bytes = max(call_bytes, sum(distinct_bytes(t) for t in [*pristine, *outputs]
-                                                     if isinstance(t, torch.Tensor)))
+                if variant == "as_is":  # the bytes a timed call moves (its inputs are made as these are)
+                    timed_bytes = max(timed_bytes, sum(distinct_bytes(t) for t in [*pristine, *outputs]
+                                                       if isinstance(t, torch.Tensor)))
                 answers.add(kept, pristine, precise)  # a trivial answer that passes either reference counts
             reports.append(ReferenceTrial(variant=variant, mutated_inputs=mutated, non_tensor_outputs=kinds))
             del out, outputs, inputs, pristine
         # What the trials' inputs and outputs took goes back to the device, not to torch's cache: the
         # shared buffers of the calls to come are the device's own allocations, which cannot use it.
         torch.cuda.empty_cache()  # (nothing where CUDA was never initialised: the CPU)
-        return RefTrialsAnswer(trials=reports, trivial=answers.reasons(), call_bytes=call_bytes)
+        return RefTrialsAnswer(trials=reports, trivial=answers.reasons(), call_bytes=timed_bytes)
 
     def _trial(self, seed: int, variant: str) -> tuple:
         """(inputs, a copy of them as made, the output) of one trial. On a variant's inputs, a
