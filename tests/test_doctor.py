@@ -43,8 +43,9 @@ def _healthy_cpu_machine(**changes) -> Facts:
 
 
 def test_findings_on_this_machine_come_back_typed():
-    findings = examine(grade=False)  # the grade itself: test_cli's doctor --json
+    findings = examine()  # no grade by default (seconds); the grade itself: test_cli's doctor --grade --json
     assert isinstance(findings, Findings) and isinstance(findings.facts, Facts)
+    assert findings.facts.grade is None and findings.to_record()["facts"]["grade"] is None
     assert findings.facts.python == Python(version=sys.version.split()[0], executable=sys.executable,
                                            ok=sys.version_info >= (3, 12))
     assert isinstance(findings.facts.evaluation_children, EvaluationChildren)
@@ -65,6 +66,15 @@ def test_a_healthy_machine_misses_nothing():
     meaning, missing = interpret(_healthy_cpu_machine())
     assert missing == []
     assert meaning[0].startswith("no GPU:") and "cpp and triton (interpreter) run on the CPU" in meaning[0]
+
+
+def test_an_ungraded_machine_says_how_to_grade_it():
+    meaning, missing = interpret(_healthy_cpu_machine())  # grade=None: examine()'s default
+    assert missing == []
+    [note] = [line for line in meaning if "grad" in line]
+    assert note.startswith("grading was not checked: `kernel-env doctor --grade` grades the bundled example")
+    graded = _healthy_cpu_machine(grade=Grade("cpp", "cpu", correct=True, fault=None, error=None, seconds=40.0))
+    assert not any(line.startswith("grading was not checked") for line in interpret(graded)[0])
 
 
 def test_a_missing_compiler_is_reported_with_what_it_costs():

@@ -1,6 +1,8 @@
 """``kernel-env doctor``: renders ``kernel_env.workloads.ops.doctor``'s findings on this machine.
 
-A table of facts and a list of what they mean, or (``--json``) ``Findings.to_record()``.
+A table of facts and a list of what they mean, or (``--json``) ``Findings.to_record()``. The
+probes take seconds; ``--grade`` adds the end-to-end grade of the bundled example (minutes on a
+CPU), which is off by default.
 Exit 2 when an essential is missing (an environment error), else 0. The probing and its
 reading live in the library; nothing here decides what a fact means.
 """
@@ -19,10 +21,12 @@ from kernel_env.workloads.ops.doctor import Facts, Findings, examine
 
 
 def doctor(as_json: options.Json = False,
-           grade: bool = typer.Option(True, "--grade/--no-grade", help="Grade the bundled example end to end "
+           grade: bool = typer.Option(False, "--grade/--no-grade", help="Also grade the bundled example end to end "
                                       "(a minute or more on a CPU, several on a busy one): the one check that "
-                                      "proves evaluations work here.")) -> None:
-    """What this machine has (GPU, compilers, sandbox, tools) and what that means for kernel_env."""
+                                      "proves evaluations work here. Off by default: the probes alone take seconds.")
+           ) -> None:
+    """What this machine has (GPU, compilers, sandbox, tools) and what that means for kernel_env
+    (seconds; --grade also grades the bundled example end to end)."""
     with Phases(quiet=False) as phases:  # on stderr: --json's stdout stays one JSON object
         if grade:
             phases.start("probing this machine and grading the bundled example",

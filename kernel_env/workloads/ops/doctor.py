@@ -2,11 +2,13 @@
 
 ``examine()`` probes the machine and returns ``Findings``: the facts (one typed record per
 thing probed), plain sentences on what they mean for kernel_env, and the essentials that are
-missing. The last probe is a real grade: the bundled example's own solution, built in a sandbox
-and judged by the trusted harness as any agent's would be (``run_solution``; the cuda solution on
-a GPU machine, the cpp one on the CPU elsewhere), so a machine where grading is broken (a venv
-the evaluation children cannot see, say) says so instead of passing every other check. ``interpret(facts)`` is the reading on its own, a pure function, so what a missing
-tool means can be checked without the machine lacking it. ``kernel-env doctor`` renders the
+missing. The probes take seconds. ``examine(grade=True)`` (``kernel-env doctor --grade``) adds a
+real grade: the bundled example's own solution, built in a sandbox and judged by the trusted
+harness as any agent's would be (``run_solution``; the cuda solution on a GPU machine, the cpp one
+on the CPU elsewhere), so a machine where grading is broken (a venv the evaluation children cannot
+see, say) says so instead of passing every other check; it takes minutes on a CPU, so it is asked
+for, not done by default. ``interpret(facts)`` is the reading on its own, a pure function, so what
+a missing tool means can be checked without the machine lacking it. ``kernel-env doctor`` renders the
 findings; ``Findings.to_record()`` is its ``--json`` output.
 
 A probe never raises for what it finds: a tool that is absent, broken or slow to answer is a
@@ -146,9 +148,9 @@ class Findings:
         return {"ok": self.ok, "facts": self.facts.to_record(), "meaning": self.meaning, "missing": self.missing}
 
 
-def examine(*, grade: bool = True) -> Findings:
+def examine(*, grade: bool = False) -> Findings:
     """Probe this machine and read the facts: a few seconds (it forks an evaluation child), and
-    with ``grade`` the bundled example graded end to end (a minute or more on a CPU)."""
+    with ``grade`` the bundled example graded end to end too (a minute or more on a CPU)."""
     facts = gather_facts()
     if grade:
         facts = dataclasses.replace(facts, grade=grade_example(facts))
@@ -329,7 +331,10 @@ def interpret(f: Facts) -> tuple[list[str], list[str]]:
 
     if not f.ripgrep.version:
         meaning.append("no ripgrep: the Grep tool falls back to grep -rE (slower, fewer file types).")
-    if f.grade is not None:
+    if f.grade is None:
+        meaning.append("grading was not checked: `kernel-env doctor --grade` grades the bundled example end to end "
+                       "(a minute or more on a CPU), the one check that proves evaluations work here.")
+    else:
         where = f"{f.grade.language} solution, on the {f.grade.device.upper()},"
         if f.grade.correct:
             meaning.append(f"grading works: the bundled example's {where} was built, verified and timed "
