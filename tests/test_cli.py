@@ -222,6 +222,94 @@ def test_run_task_rejects_an_unknown_language():
     assert result.exit_code == 2
 
 
+def _readme_json_fields() -> list[str]:
+    """The fields README.md lists for `run-task --json` (its bullet list after "one JSON object with these fields")."""
+    lines = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if "one JSON object with these fields" in line)
+    bullets = []
+    for line in lines[start + 1:]:
+        if line.startswith("- "):
+            bullets.append(line)
+        elif line.startswith("  ") and bullets:
+            continue  # a bullet's continuation
+        elif bullets:
+            break
+    return [name for bullet in bullets for name in re.findall(r"`(\w+)`", bullet.split(":")[0])]
+
+
+def test_run_task_json_of_a_failed_build_says_it_did_not_build_and_readme_lists_every_field(tmp_path):
+    """A build failure (here a syntax error: no evaluation runs) says so in the summary line and in --json,
+    whose every field README.md lists and explains."""
+    task = tmp_path / "relu_add_4k.py"
+    task.write_text((example_dir("relu_add") / "task.py").read_text().replace("1 << 24", "1 << 12"))
+    solution = tmp_path / "broken"
+    solution.mkdir()
+    (solution / "model_new.py").write_text("import torch\nclass ModelNew(:\n")
+    args = ("run-task", str(task), "--solution", str(solution), "--language", "triton", "--device", "cpu")
+    result = _cli(*args, "--json", home=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    record = json.loads(result.stdout.splitlines()[-1])
+    assert record["verdict"] == "did not build" and record["build_ok"] is False and record["compiled"] is False
+    assert record["error"].startswith("`bash utils/compile.sh` failed (exit code 1)") and "invalid syntax" in record["error"]
+    assert record["reward"] == -1 and record["fault"] == "candidate"
+    assert re.search(r"done in [\d.]+ s: did not build, reward -1 \(", result.stderr), result.stderr
+    listed = _readme_json_fields()
+    assert sorted(listed) == sorted(record), f"README lists {sorted(listed)}; --json has {sorted(record)}"
+    assert len(listed) == len(set(listed)), listed
+    plain = _cli(*args, home=tmp_path)  # without --json: the same summary line
+    assert plain.returncode == 1 and re.search(r"done in [\d.]+ s: did not build, reward -1 \(", plain.stderr), plain.stderr
+
+
+@pytest.mark.parametrize("trials, violations, verdict, error", [
+    ([(True, ""), (False, "output: 3 of 4096 elements outside atol=0.01, rtol=0.01; max abs error 5.2")], [],
+     "wrong answer", "wrong answer in trial 2: output: 3 of 4096 elements outside atol=0.01, rtol=0.01; max abs error 5.2"),
+    ([(True, "")], ["ModelNew.forward launched no Triton kernel"],
+     "broke a rule", "rule violation: ModelNew.forward launched no Triton kernel"),
+    ([(False, "output: shape (4,) expected (8,)")], ["torch computes inside ModelNew.forward (relu x1)"],
+     "wrong answer", "wrong answer in trial 1: output: shape (4,) expected (8,); "
+                     "rule violation: torch computes inside ModelNew.forward (relu x1)"),
+], ids=["a wrong trial", "a rule broken", "both"])
+def test_run_task_json_of_a_wrong_answer_says_why_in_error(monkeypatch, tmp_path, trials, violations, verdict, error):
+    """The evaluation's own record of a wrong answer has no error (its trials and violations say why):
+    --json's error says it, and the summary line names the verdict. The evaluation here is the
+    harness's record of one, made by hand (the real one: test_run_task_json_of_a_real_wrong_answer)."""
+    from kernel_env.evaluators.records import EvalResult, Mode, TrialReport
+    from kernel_env.runtime.episode import Episode
+    from kernel_env.sandbox.base import ExecResult
+
+    evaluated = EvalResult(job_id="j", task_id="example/relu_add", language="triton", device="cpu", device_name="cpu",
+                           mode=Mode.FINAL, correct=False, reward=-1, fault="candidate", violations=violations,
+                           trials=[TrialReport(trial=i, correct=ok, message=message)
+                                   for i, (ok, message) in enumerate(trials)])
+    assert evaluated.summary()["error"] is None  # what the harness records: the reason is elsewhere
+    monkeypatch.setattr(Episode, "build_and_evaluate",
+                        lambda self, mode: (ExecResult(output="CHECK OK", exit_code=0, duration_s=0.1), evaluated))
+    result = runner.invoke(app, ["run-task", "example/relu_add", "--solution", str(example_dir("relu_add") / "solutions" /
+                                 "triton"), "--language", "triton", "--device", "cpu", "--json"])
+    assert result.exit_code == 1, result.output
+    record = json.loads(result.stdout.splitlines()[-1])
+    assert (record["verdict"], record["error"]) == (verdict, error)
+    assert record["build_ok"] is True and record["violations"] == violations
+    assert re.search(rf"done in [\d.]+ s: {verdict}, reward -1 \(", result.stderr), result.stderr
+
+
+@pytest.mark.slow  # 20-40 s: the trusted evaluation of a wrong answer, its baselines measured
+def test_run_task_json_of_a_real_wrong_answer(tmp_path):
+    task = tmp_path / "relu_add_4k.py"
+    task.write_text((example_dir("relu_add") / "task.py").read_text().replace("1 << 24", "1 << 12"))
+    solution = tmp_path / "wrong"
+    solution.mkdir()
+    triton = (example_dir("relu_add") / "solutions" / "triton" / "model_new.py").read_text()
+    (solution / "model_new.py").write_text(triton.replace("v = x + y", "v = x - y"))  # relu(x - y): wrong
+    result = _cli("run-task", str(task), "--solution", str(solution), "--language", "triton", "--device", "cpu",
+                  "--json", home=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    record = json.loads(result.stdout.splitlines()[-1])
+    assert record["verdict"] == "wrong answer" and record["violations"] == [], record
+    assert record["error"] == f"wrong answer in trial 1: {record['mismatch']}", record
+    assert "elements outside atol=0.01, rtol=0.01" in record["error"]
+
+
 @pytest.mark.slow  # 19 s: a whole run-task --solution
 def test_run_task_solution_piped_prints_its_phases_and_lines_whole_at_80_columns(tmp_path):
     """A log of `run-task --solution` shows each phase as it starts, stamped with the seconds since

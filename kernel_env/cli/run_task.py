@@ -6,10 +6,12 @@ the episode's broker so ``utils.verification`` and ``utils.profiling`` work; whe
 language cannot be evaluated here, a shell that can only edit and compile. With ``--solution
 DIR``: DIR (model_new.py, kernels/…) is copied into a fresh workspace and goes through the
 agent's compile → verify → profile path, then the trusted final evaluation; the last line of
-``--json`` output is one JSON object (``EvalResult.summary()`` with ``build_ok`` and
-``build_seconds``; ``fault`` says whose fault a failure is). Exit 0 ok (the solution is
-correct), 1 it is not, 2 usage or environment error, an evaluation that failed by the
-evaluator's fault included.
+``--json`` output is one JSON object (``solution_record``: ``EvalResult.summary()`` with
+``error`` saying why whenever the solution is not correct, ``build_ok``, ``build_seconds`` and
+``verdict``; ``fault`` says whose fault a failure is; README.md lists every field). The summary
+line on stderr names the verdict too ("did not build", "wrong answer", ...). Exit 0 ok (the
+solution is correct), 1 it is not, 2 usage or environment error, an evaluation that failed by
+the evaluator's fault included.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -38,6 +41,10 @@ from kernel_env.cli.sources import resolve
 from kernel_env.config import DEFAULT_SANDBOX, workspaces_dir
 from kernel_env.languages import get_language
 from kernel_env.tasks import Task
+
+if TYPE_CHECKING:
+    from kernel_env.evaluators.records import EvalResult
+    from kernel_env.sandbox.base import ExecResult
 
 
 def run_task(
@@ -195,13 +202,11 @@ def _run_solution(task: Task, solution: Path, *, language: str, sandbox: str, de
                 episode.close(keep_workspace=False)
     except (EpisodeError, SandboxError) as exc:
         fail(f"task {task.id}: {exc}")
-    if not as_json:
-        verdict = "evaluator fault" if result.fault == "evaluator" else "correct" if result.correct else "not correct"
-        phases.note(f"done in {phases.elapsed:.1f} s: {verdict}, reward "
-                    f"{'—' if result.reward is None else f'{result.reward:g}'} ({phases.summary()})")
+    phases.note(f"done in {phases.elapsed:.1f} s: {verdict(build, result)}, reward "
+                f"{'—' if result.reward is None else f'{result.reward:g}'} ({phases.summary()})")
     if as_json:
         # One object on one line: the contract is that the last line of output is the result.
-        sys.stdout.write(json.dumps({**result.summary(), "build_ok": build.ok, "build_seconds": build.duration_s}) + "\n")
+        sys.stdout.write(json.dumps(solution_record(build, result)) + "\n")
     else:
         if build.ok:  # a failed build's output is in the report
             last = build.output.strip().splitlines()[-1] if build.output.strip() else "ok"
@@ -213,6 +218,47 @@ def _run_solution(task: Task, solution: Path, *, language: str, sandbox: str, de
                   "`kernel-env doctor` checks this machine", soft_wrap=True)
         return EXIT_USAGE
     return EXIT_OK if result.correct else EXIT_TASK_FAILED
+
+
+def verdict(build: ExecResult, result: EvalResult) -> str:
+    """The outcome in a few words: the summary line's and ``--json``'s ``verdict``."""
+    if result.fault == "evaluator":
+        return "evaluator fault"
+    if not build.ok:
+        return "did not build"
+    if result.correct:
+        return "correct"
+    if not result.compiled:
+        return "did not load"
+    if _wrong_trial(result) is not None:
+        return "wrong answer"
+    if result.violations:
+        return "broke a rule"
+    return "failed"
+
+
+def why_not_correct(result: EvalResult) -> str | None:
+    """Why a solution is not correct: the evaluation's error (a failed build, a crash, a time-out), else its
+    first wrong trial (how many elements, how far off) and the rules it broke; None when correct."""
+    if result.correct or result.error:
+        return result.error
+    reasons = []
+    trial = _wrong_trial(result)
+    if trial is not None:
+        reasons.append(f"wrong answer in trial {trial.trial + 1}: {trial.message}")
+    reasons += [f"rule violation: {violation}" for violation in result.violations]
+    return "; ".join(reasons) or "not correct (the evaluation recorded no reason)"
+
+
+def solution_record(build: ExecResult, result: EvalResult) -> dict:
+    """``run-task --json``'s object: ``EvalResult.summary()``, its ``error`` saying why whenever the solution is
+    not correct, and the build's outcome and the verdict (README.md, the field list)."""
+    return {**result.summary(), "error": why_not_correct(result), "build_ok": build.ok,
+            "build_seconds": build.duration_s, "verdict": verdict(build, result)}
+
+
+def _wrong_trial(result: EvalResult):
+    return next((trial for trial in result.trials if not trial.correct), None)
 
 
 def _where(device: str) -> str:
