@@ -10,7 +10,10 @@
 #   2. a Python 3.12: $PYTHON, python3.12 on PATH, pyenv's 3.12.*, /usr/bin/python3.12
 #   3. .venv: with --system-site-packages when that Python already has a usable torch (a GPU
 #      machine's CUDA build is kept, never replaced)
-#   4. torch: kept if importable at >= $TORCH_MIN, else $TORCH_SPEC (torch==2.13.0) is installed
+#   4. torch: kept if importable at >= $TORCH_MIN, else $TORCH_SPEC (torch==2.13.0) is installed;
+#      TORCH_SPEC is pip's arguments, split at spaces, so a machine without a GPU can take the
+#      CPU-only wheel (no CUDA libraries) in a fresh venv:
+#        TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' make setup
 #   5. pip install -e '.[EXTRAS]' (-e . without extras)
 #
 # Idempotent and fast: a stamp in .venv keyed on pyproject.toml and the Python used, which lists
@@ -139,7 +142,8 @@ if [ -n "$have_torch" ] && at_least "$have_torch" "$TORCH_MIN"; then
   say "torch $have_torch is already installed; keeping it"
 else
   say "installing $TORCH_SPEC${have_torch:+ (found torch $have_torch, older than $TORCH_MIN)}: a large download (with its CUDA libraries, gigabytes), minutes on a usual connection"
-  pip_install "$TORCH_SPEC"
+  read -ra torch_args <<< "$TORCH_SPEC"  # pip's arguments: a requirement, and an --index-url say
+  pip_install "${torch_args[@]}"
 fi
 
 # The extras asked for and those the venv has (a changed pyproject.toml may have changed their pins).

@@ -157,3 +157,28 @@ def test_an_extra_pyproject_lacks_is_refused_before_anything_is_installed(tmp_pa
     result = _setup(tmp_path, "test", "tests")
     assert result.returncode == 2
     assert "pyproject.toml has no extra 'tests'" in result.stderr
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 12), reason="scripts/setup.sh takes only a Python 3.12")
+def test_torch_spec_is_pips_arguments_so_the_cpu_wheels_index_can_be_named(tmp_path):
+    """README's CPU-only route: TORCH_SPEC='torch==2.13.0 --index-url .../whl/cpu' reaches pip as three
+    arguments. The venv's python here records what pip is asked (nothing is downloaded) and is this one
+    otherwise; TORCH_MIN above any torch makes the set-up install torch."""
+    venv, calls = tmp_path / "venv", tmp_path / "pip-calls"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/bash\nif [ "$1 $2" = "-m pip" ]; then printf "[%s]" "$@" >> {calls}; echo >> {calls}; exit 0; fi\n'
+                      f'exec {sys.executable} "$@"\n')  # each argument in brackets
+    (venv / "bin" / "kernel-env").write_text("#!/bin/sh\necho kernel-env 0\n")
+    for script in (python, venv / "bin" / "kernel-env"):
+        script.chmod(0o755)
+    spec = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    env = {**os.environ, "VENV": str(venv), "PYTHON": sys.executable, "TORCH_SPEC": spec, "TORCH_MIN": "99.0"}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], capture_output=True, text=True, timeout=120,
+                            env=env, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    torch_install, kernel_env_install = calls.read_text().splitlines()
+    assert torch_install.endswith("[install][--disable-pip-version-check][--progress-bar][off]"
+                                  "[torch==2.13.0][--index-url][https://download.pytorch.org/whl/cpu]"), torch_install
+    assert kernel_env_install.endswith("[-e][.]"), kernel_env_install
+    assert (venv / ".kernel_env-setup").read_text().splitlines()[0].endswith(spec)  # the stamp's key names it
