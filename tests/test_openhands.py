@@ -36,6 +36,21 @@ SOLUTION_FILES = ("model_new.py", "kernels/relu_add.cpp", "kernels/relu_add_bind
 SETTINGS = EvalSettings.short(speedup_margin=1.0)
 
 
+def test_importing_the_plugin_leaves_torchs_log_level_so_nothing_prints_at_exit():
+    """openhands-sdk lowers every logger at the root's level to INFO as it is imported, torch's among
+    them; torch's exit-time INFO reports (TorchDynamo's traced frames and compile times) then printed
+    as the process ended, after pytest's summary. The plug-in puts torch's level back."""
+    import subprocess
+    import sys
+
+    code = ("import logging, torch, torch._dynamo\nimport kernel_env.integrations.openhands\n"
+            "assert logging.getLogger('torch').level == logging.WARNING, logging.getLogger('torch').level\n"
+            "torch.compile(lambda x: x + 1)(torch.ones(2))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "TorchDynamo" not in run.stderr and "Metrics" not in run.stderr, run.stderr[-3000:]
+
+
 def call(name: str, **arguments) -> dict:
     return {"name": name, "arguments": arguments}
 

@@ -14,7 +14,12 @@ and OpenHands' built-in finish, think and invoke_skill (which touch nothing but 
 and filters out any other tool; OpenHands' own terminal and file-editor tools run on the host.
 
 Importing this module sets ``LITELLM_LOCAL_MODEL_COST_MAP=True`` and ``OPENHANDS_SUPPRESS_BANNER=1``
-unless they are set (else litellm downloads a price list from GitHub on import).
+unless they are set (else litellm downloads a price list from GitHub on import). openhands-sdk
+configures logging as it is imported (its ``setup_logging``): the root logger to INFO, and every
+logger then at the root's old level to INFO with it, torch's among them, so torch's exit-time INFO
+reports (TorchDynamo's traced frames and compile times, cache metrics) printed as any process that
+imported this module ended (pytest's runs, after their summary). The loggers it lowered that way
+get their own level back; the root's and openhands' own are left as it set them.
 
 Why one module of this length: it is one plug-in; importing it registers the tools, each tool binds
 to the conversation's KernelWorkspace, and the agent offers exactly these tools.
@@ -23,6 +28,7 @@ to the conversation's KernelWorkspace, and the agent offers exactly these tools.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import posixpath
 import re
@@ -35,6 +41,8 @@ from typing import Any, ClassVar, Self
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
 
+_levels = {name: logger.level for name, logger in logging.root.manager.loggerDict.items()
+           if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET}
 try:
     from openhands.sdk import LLM, Agent, AgentContext, Conversation
     from openhands.sdk.conversation.exceptions import ConversationRunError
@@ -63,6 +71,11 @@ try:
 except ModuleNotFoundError as exc:  # the extra is not installed
     raise ModuleNotFoundError(f"kernel_env.integrations.openhands needs the OpenHands SDK ({exc}); "
                               "install it with: pip install 'kernel_env[openhands]'", name=exc.name) from exc
+for _name, _level in _levels.items():  # those setup_logging lowered with the root (the docstring says why)
+    _logger = logging.getLogger(_name)
+    if _logger.level != _level and _logger.level == logging.root.level:
+        _logger.setLevel(_level)
+del _levels
 
 from pydantic import Field, PrivateAttr, create_model
 
