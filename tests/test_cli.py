@@ -266,8 +266,8 @@ def test_run_task_json_of_a_failed_build_says_it_did_not_build_and_readme_lists_
     ([(True, "")], ["ModelNew.forward launched no Triton kernel"],
      "broke a rule", "rule violation: ModelNew.forward launched no Triton kernel"),
     ([(False, "output: shape (4,) expected (8,)")], ["torch computes inside ModelNew.forward (relu x1)"],
-     "wrong answer", "wrong answer in trial 1: output: shape (4,) expected (8,); "
-                     "rule violation: torch computes inside ModelNew.forward (relu x1)"),
+     "wrong answer", ("wrong answer in trial 1: output: shape (4,) expected (8,); "
+                      "rule violation: torch computes inside ModelNew.forward (relu x1)")),
 ], ids=["a wrong trial", "a rule broken", "both"])
 def test_run_task_json_of_a_wrong_answer_says_why_in_error(monkeypatch, tmp_path, trials, violations, verdict, error):
     """The evaluation's own record of a wrong answer has no error (its trials and violations say why):

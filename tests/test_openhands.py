@@ -46,7 +46,7 @@ def test_importing_the_plugin_leaves_torchs_log_level_so_nothing_prints_at_exit(
     code = ("import logging, torch, torch._dynamo\nimport kernel_env.integrations.openhands\n"
             "assert logging.getLogger('torch').level == logging.WARNING, logging.getLogger('torch').level\n"
             "torch.compile(lambda x: x + 1)(torch.ones(2))\n")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "TorchDynamo" not in run.stderr and "Metrics" not in run.stderr, run.stderr[-3000:]
 
