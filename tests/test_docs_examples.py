@@ -169,6 +169,7 @@ def test_a_block_runs_as_written(block: Block, tmp_path: Path):
     assert run.returncode == 0, f"{block} exited {run.returncode}:\n{block.code}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
 
 
+@pytest.mark.slow  # 6 s on a 2-core machine: the server's start and drain
 @pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")
 @pytest.mark.parametrize("block", [_param(b) for b in RUN if _serves(b)])
 def test_a_server_block_starts_answers_and_drains(block: Block, tmp_path: Path):
@@ -195,6 +196,7 @@ def test_a_server_block_starts_answers_and_drains(block: Block, tmp_path: Path):
             process.wait()
 
 
+@pytest.mark.slow  # 10 s on a 2-core machine: the integrations' imports (OpenHands, TRL, Ray, ...)
 def test_the_python_blocks_that_need_more_parse_and_their_imports_import():
     """One child imports every such block's imports in turn (openhands-sdk alone takes 13 s to import)."""
     imports = {}

@@ -490,6 +490,7 @@ def test_torch_fallback_without_triton_breaks_two_rules(jobs):
     assert "launched no Triton kernel" in text
 
 
+@pytest.mark.slow  # 22 s on a 2-core machine: two profiles, torch.compile's baseline timed in a cache of its own
 def test_the_tasks_own_model_as_the_candidate_is_correct_only_with_the_torch_rule_off(tmp_path):
     """benchmarks/kernelbench.py's check of the harness: the task's Model renamed ModelNew breaks only
     the own-kernels rule, so with it off the job is correct, timed and paid 1 (any id names a job)."""
