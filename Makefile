@@ -6,8 +6,8 @@
 #               with its bundled solution: cuda on a GPU machine, cpp (on the CPU) elsewhere
 #   make test   kernel_env with the test extras (pytest and every other extra's packages), then
 #               the CPU test suite (GPU tests: .venv/bin/pytest -m gpu tests/gpu on a GPU machine)
-#   make test-fast  the same set-up, then the fast part of that suite (no test marked slow): under
-#               five minutes on a 2-core machine, for the edit-test loop (the test map: tests/README.md)
+#   make test-fast  the same set-up, then the fast part of that suite (no test marked slow): 5 to 6
+#               minutes on a 2-core machine, for the edit-test loop (the test map: tests/README.md)
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -21,7 +21,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo        set up (base), then run example/relu_add with its bundled $(DEMO_LANGUAGE) solution"
 	@echo "make test        set up (test extras), then run the CPU test suite"
-	@echo "make test-fast   set up (test extras), then the fast part of it: no slow test (under 5 minutes)"
+	@echo "make test-fast   set up (test extras), then the fast part of it: no slow test (5-6 minutes on 2 cores)"
 	@echo "make setup       only the set-up, with the test extras (every extra and pytest)"
 	@echo "make setup-base  only the set-up that make demo needs (kernel_env without extras)"
 
