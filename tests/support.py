@@ -6,9 +6,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import signal
+import subprocess
+import sys
 import textwrap
 import time
+import urllib.request
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
@@ -155,3 +161,59 @@ class FinalEvaluatorFault:
 
     def close(self):
         pass
+
+
+# ----------------------------------------------------------------------------- docs' blocks, run as written
+# (test_docs_examples.py, test_trainers_doc.py)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def scratch_checkout(folder: Path, skip: tuple[str, ...] = ()) -> Path:
+    """A scratch checkout: every top-level entry of this one but ``.git`` and ``skip``, linked (and .venv,
+    where the venv lives elsewhere), so what a block writes lands in ``folder``."""
+    folder.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in (".git", *skip):
+            (folder / entry.name).symlink_to(entry)
+    if not (folder / ".venv").exists():
+        (folder / ".venv").symlink_to(sys.prefix)
+    return folder
+
+
+def active_venv(home: Path | None = None) -> dict[str, str]:
+    """The environment with this venv active (its bin/ first on PATH); HOME at ``home`` where given."""
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": sys.prefix}
+    if home is not None:
+        home.mkdir(exist_ok=True)
+        env["HOME"] = str(home)
+    return env
+
+
+def shell_commands(code: str) -> list[str]:
+    """A shell block's commands: continuation lines joined, comments and blank lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", code)
+    return [re.split(r"\s+#", line)[0].strip() for line in joined.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def assert_serves_and_drains(server: str, folder: Path, env: dict[str, str], log: Path, label: str) -> None:
+    """``server`` (a ``kernel-env serve`` command) started in ``folder`` on a free port (the page's may be
+    taken on this host: the last --port wins, and it says which) answers /health, and drains to exit 0
+    on SIGTERM."""
+    with log.open("w") as err:
+        process = subprocess.Popen(["bash", "-c", f"exec {server} --port 0"], cwd=folder, env=env, stdout=subprocess.PIPE,
+                                   stderr=err, text=True)
+    try:
+        line = process.stdout.readline()
+        match = re.search(r"listening on (http://\S+)", line)
+        assert match, f"{label}: `{server}` printed {line!r}; its log:\n{log.read_text()[-3000:]}"
+        with urllib.request.urlopen(f"{match.group(1)}/health", timeout=30) as answer:
+            assert json.load(answer)["status"] == "healthy"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -23,19 +23,22 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import bubblewrap_skip_reason
+from support import (
+    ROOT,
+    active_venv,
+    assert_serves_and_drains,
+    bubblewrap_skip_reason,
+    scratch_checkout,
+    shell_commands,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = ("bash", "sh", "shell")
 PYTHON = ("python", "py")
@@ -119,24 +122,6 @@ def test_a_needs_line_says_what_and_how():
         assert len(first.split()) >= 6, f"{block}: {first!r} says too little of what it needs and how to get it"
 
 
-def checkout(folder: Path) -> Path:
-    """A scratch checkout: every top-level entry of this one, linked (and .venv, where the venv lives elsewhere)."""
-    folder.mkdir()
-    for entry in ROOT.iterdir():
-        if entry.name != ".git":
-            (folder / entry.name).symlink_to(entry)
-    if not (folder / ".venv").exists():
-        (folder / ".venv").symlink_to(sys.prefix)
-    return folder
-
-
-def active_venv(home: Path) -> dict[str, str]:
-    bin_dir = Path(sys.executable).parent
-    home.mkdir(exist_ok=True)
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": sys.prefix,
-            "HOME": str(home)}
-
-
 def dry_make(code: str) -> str:
     """``make TARGET ...`` lines as ``make -n TARGET ...``: the targets must exist; nothing is built or run."""
     return re.sub(r"^make ", "make -n ", code, flags=re.MULTILINE)
@@ -144,21 +129,14 @@ def dry_make(code: str) -> str:
 
 def _serves(block: Block) -> bool:
     """A shell block whose last command starts ``kernel-env serve`` (which runs until stopped)."""
-    commands = _commands(block.code) if block.language in SHELL else []
+    commands = shell_commands(block.code) if block.language in SHELL else []
     return bool(commands) and re.match(r"^(\S*/)?kernel-env serve\b", commands[-1]) is not None
-
-
-def _commands(code: str) -> list[str]:
-    """A shell block's commands: continuation lines joined, comments and blank lines dropped."""
-    joined = re.sub(r"\\\n\s*", " ", code)
-    return [re.split(r"\s+#", line)[0].strip() for line in joined.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
 
 
 @pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")
 @pytest.mark.parametrize("block", [_param(b) for b in RUN if not _serves(b)])
 def test_a_block_runs_as_written(block: Block, tmp_path: Path):
-    folder, env = checkout(tmp_path / "checkout"), active_venv(tmp_path / "home")
+    folder, env = scratch_checkout(tmp_path / "checkout"), active_venv(tmp_path / "home")
     if block.language in PYTHON:
         script = tmp_path / "block.py"
         script.write_text(block.code)
@@ -173,27 +151,11 @@ def test_a_block_runs_as_written(block: Block, tmp_path: Path):
 @pytest.mark.skipif(bool(bubblewrap_skip_reason()), reason=bubblewrap_skip_reason() or "")
 @pytest.mark.parametrize("block", [_param(b) for b in RUN if _serves(b)])
 def test_a_server_block_starts_answers_and_drains(block: Block, tmp_path: Path):
-    *before, server = _commands(block.code)
-    folder, env = checkout(tmp_path / "checkout"), active_venv(tmp_path / "home")
+    *before, server = shell_commands(block.code)
+    folder, env = scratch_checkout(tmp_path / "checkout"), active_venv(tmp_path / "home")
     for command in before:
         subprocess.run(["bash", "-euo", "pipefail", "-c", dry_make(command)], cwd=folder, env=env, check=True, timeout=600)
-    log = tmp_path / "server.err"
-    with log.open("w") as err:
-        # The page's port may be taken on this host: the server takes a free one (the last --port wins) and says which.
-        process = subprocess.Popen(["bash", "-c", f"exec {server} --port 0"], cwd=folder, env=env, stdout=subprocess.PIPE,
-                                   stderr=err, text=True)
-    try:
-        line = process.stdout.readline()
-        match = re.search(r"listening on (http://\S+)", line)
-        assert match, f"{block}: `{server}` printed {line!r}; its log:\n{log.read_text()[-3000:]}"
-        with urllib.request.urlopen(f"{match.group(1)}/health", timeout=30) as answer:
-            assert json.load(answer)["status"] == "healthy"
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=120) == 0, log.read_text()[-3000:]
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    assert_serves_and_drains(server, folder, env, tmp_path / "server.err", str(block))
 
 
 @pytest.mark.slow  # 10 s on a 2-core machine: the integrations' imports (OpenHands, TRL, Ray, ...)

@@ -20,14 +20,9 @@ so what a command writes (trl_grpo_output/, a parquet, a log) lands in the scrat
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
-import signal
 import subprocess
-import sys
 import tomllib
-import urllib.request
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -35,11 +30,13 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from scripted_llm import Reply, ScriptedLLM
-from support import bubblewrap_skip_reason
+from support import active_venv, assert_serves_and_drains, bubblewrap_skip_reason, scratch_checkout, shell_commands
 
 pytestmark = pytest.mark.slow  # end to end: docs/trainers.md's blocks run, servers started
 
 ROOT = Path(__file__).resolve().parents[1]
+#: What earlier runs of the blocks leave at the top of the checkout: not linked into a scratch one.
+_SCRATCH = ("trl_grpo_output", "outputs")
 DOC = ROOT / "docs" / "trainers.md"
 KINDS = ("run", "serve", "model", "installed", "skip")
 
@@ -83,26 +80,6 @@ def test_every_shell_block_says_whether_it_is_run_and_a_skip_says_why():
     assert any(block.kind in ("run", "serve") for block in BLOCKS)
 
 
-def checkout(folder: Path) -> Path:
-    """A scratch checkout: every top-level entry of this one, linked."""
-    folder.mkdir()
-    for entry in ROOT.iterdir():
-        if entry.name not in (".git", "trl_grpo_output", "outputs"):
-            (folder / entry.name).symlink_to(entry)
-    return folder
-
-
-def active_venv() -> dict[str, str]:
-    bin_dir = Path(sys.executable).parent
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": sys.prefix}
-
-
-def commands(code: str) -> list[str]:
-    """The block's commands: continuation lines joined, comments and blank lines dropped."""
-    joined = re.sub(r"\\\n\s*", " ", code)
-    return [line.split(" #")[0].strip() for line in joined.splitlines() if line.strip() and not line.startswith("#")]
-
-
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.kind == "installed"], ids=str)
 def test_the_extras_a_block_installs_exist_and_are_installed(block: Block):
     assert extras_installed(block), f"{block}: no `pip install -e '.[extra]'` line"
@@ -112,7 +89,7 @@ def extras_installed(block: Block) -> list[str]:
     """The extras the block's ``pip install -e '.[...]'`` lines name, each checked: pyproject.toml has it and
     this environment satisfies its requirements."""
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    named = [extra for command in commands(block.code) if command.startswith("pip install")
+    named = [extra for command in shell_commands(block.code) if command.startswith("pip install")
              for group in re.findall(r"-e '\.\[([\w,-]+)\]'", command) for extra in group.split(",")]
     for extra in named:
         assert extra in extras, f"{block}: pyproject.toml has no extra {extra!r}"
@@ -146,8 +123,9 @@ def run_block(block: Block, tmp_path: Path, **env: str) -> None:
     extras_installed(block)
     code = "\n".join(line for line in block.code.splitlines() if not line.startswith("pip install"))
     env = {**active_venv(), "HOME": str(tmp_path / "home"), **env}
-    run = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=checkout(tmp_path / "checkout"),
-                         env=env, capture_output=True, text=True, timeout=900, check=False)
+    folder = scratch_checkout(tmp_path / "checkout", skip=_SCRATCH)
+    run = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=folder, env=env, capture_output=True, text=True,
+                         timeout=900, check=False)
     assert run.returncode == 0, f"{block} exited {run.returncode}:\n{block.code}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
 
 
@@ -155,24 +133,8 @@ def run_block(block: Block, tmp_path: Path, **env: str) -> None:
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.kind == "serve"], ids=str)
 def test_a_server_block_starts_answers_and_drains(block: Block, tmp_path: Path):
     extras_installed(block)
-    *before, server = [c for c in commands(block.code) if not c.startswith("pip install")]
-    folder, env = checkout(tmp_path / "checkout"), active_venv()
+    *before, server = [c for c in shell_commands(block.code) if not c.startswith("pip install")]
+    folder, env = scratch_checkout(tmp_path / "checkout", skip=_SCRATCH), active_venv()
     for command in before:
         subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=folder, env=env, check=True, timeout=600)
-    log = tmp_path / "server.err"
-    with log.open("w") as err:
-        # The page's port (8000 by default) may be taken on this host: the server takes a free one and says which.
-        process = subprocess.Popen(["bash", "-c", f"exec {server} --port 0"], cwd=folder, env=env, stdout=subprocess.PIPE,
-                                   stderr=err, text=True)
-    try:
-        line = process.stdout.readline()
-        match = re.search(r"listening on (http://\S+)", line)
-        assert match, f"{block}: `{server}` printed {line!r}; its log:\n{log.read_text()[-3000:]}"
-        with urllib.request.urlopen(f"{match.group(1)}/health", timeout=30) as answer:
-            assert json.load(answer)["status"] == "healthy"
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=120) == 0, log.read_text()[-3000:]
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    assert_serves_and_drains(server, folder, env, tmp_path / "server.err", str(block))
