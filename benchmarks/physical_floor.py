@@ -28,6 +28,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from precision_contract import task_model  # (benchmarks/ is the script's folder)
 
 from kernel_env.evaluators import floor
 from kernel_env.evaluators.child import bandwidth
@@ -47,13 +48,7 @@ def _fastest_ms(model, inputs: list) -> float:
 
 
 def measure_task(task, device: torch.device, bytes_per_ms: float, compile_too: bool) -> dict:
-    namespace: dict = {"__name__": "kernelbench_task"}
-    exec(compile(task.code, "model.py", "exec"), namespace)
-    torch.manual_seed(0)
-    model = namespace["Model"](*namespace["get_init_inputs"]()).to(device).eval()
-    torch.manual_seed(1)
-    with torch.device(device):
-        inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in namespace["get_inputs"]()]
+    _, model, inputs = task_model(task, device)
     with torch.no_grad():
         outputs = [t for t in _flat(model(*inputs)) if isinstance(t, torch.Tensor)]
     call_bytes = sum(bandwidth.distinct_bytes(t) for t in [*inputs, *outputs] if isinstance(t, torch.Tensor))

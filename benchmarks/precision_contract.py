@@ -87,7 +87,8 @@ def _answer(name: str, model, inputs: list, device: torch.device) -> list:
     raise ValueError(name)
 
 
-def measure_task(task, device: torch.device, answers: tuple[str, ...], atol: float, rtol: float) -> dict:
+def task_model(task, device: torch.device) -> tuple[dict, torch.nn.Module, list]:
+    """(the task's namespace, its Model on ``device`` under seed 0, its inputs under seed 1 made there)."""
     namespace: dict = {"__name__": "kernelbench_task"}
     exec(compile(task.code, "model.py", "exec"), namespace)
     torch.manual_seed(0)
@@ -95,6 +96,11 @@ def measure_task(task, device: torch.device, answers: tuple[str, ...], atol: flo
     torch.manual_seed(1)
     with torch.device(device):
         inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in namespace["get_inputs"]()]
+    return namespace, model, inputs
+
+
+def measure_task(task, device: torch.device, answers: tuple[str, ...], atol: float, rtol: float) -> dict:
+    namespace, model, inputs = task_model(task, device)
     with _tf32(False), torch.no_grad():  # eager's own flags (matmul: no TF32; convolutions: cuDNN's default)
         torch.backends.cudnn.allow_tf32 = True
         eager = _flat(model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]))
