@@ -300,10 +300,12 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec, c
         memory, pool = stack.enter_context(TreeMemory()), stack.enter_context(PoolMeter(evaluator))
         gpus = [stack.enter_context(GpuSampler(period_ms=50, index=index)) for index in range(spec.gpus)]
         cpu_before, lease_before, freezing_before = _cpu_ticks(), _lease_account(evaluator), _freezing_s(evaluator)
+        frozen_before = _frozen_counts(evaluator)
         started = time.perf_counter()
         results = await asyncio.gather(*(limited(i) for i in range(count)))
         wall = time.perf_counter() - started
         cpu_after, lease_after, freezing_after = _cpu_ticks(), _lease_account(evaluator), _freezing_s(evaluator)
+        frozen = {kind: n - frozen_before[kind] for kind, n in _frozen_counts(evaluator).items()}
     evaluator.close()
     if isinstance(evaluator, RayPool):
         import ray
@@ -327,6 +329,8 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec, c
         "final_evaluations_by_device": dict(sorted(Counter(r.ran_on.rsplit("/", 1)[1] for r in results if r.ran_on).items())),
         "lease_share": lease_share,
         "freezing_s": round(freezing_after - freezing_before, 1),
+        # Children frozen mid-step (past the lease's grace), and of those inside a call with their worker.
+        "frozen_mid_step": frozen["stragglers"], "frozen_in_call": frozen["frozen_in_call"],
         # The same kernel in every episode: how its final times and rewards spread under this load.
         "runtime_ms": _quantiles([r.runtime_ms for r in results if r.runtime_ms is not None]),
         "reward_counts": {str(k): v for k, v in sorted(Counter(r.reward for r in results).items(), key=str)},
@@ -359,6 +363,13 @@ def _quantiles(values: list[float]) -> dict[str, float] | None:
 def _freezing_s(pool: GpuPool) -> float:
     """Seconds the pool's timing runs have spent freezing and thawing other jobs' children (local pools)."""
     return sum(lease.freezing_s for lease in getattr(pool, "leases", {}).values())
+
+
+def _frozen_counts(pool: GpuPool) -> dict[str, int]:
+    """How many untimed steps the pool's timing runs have frozen mid-step, and how many children inside a
+    call with their worker (``DeviceLease.stragglers``, ``frozen_in_call``; local pools)."""
+    leases = getattr(pool, "leases", {}).values()
+    return {"stragglers": sum(lease.stragglers for lease in leases), "frozen_in_call": sum(lease.frozen_in_call for lease in leases)}
 
 
 def _comparisons(runs: list[tuple[str, dict]]) -> list[dict]:
@@ -455,7 +466,8 @@ def main() -> None:
         lease = ", ".join(f"{state} {share:.0%}" for state, share in (row["lease_share"] or {}).items()) or "-"
         devices = ", ".join(f"{device} {jobs}" for device, jobs in row["final_evaluations_by_device"].items())
         print(f"{name}: processors busy {row['cpu_busy_fraction']:.0%}; GPU lease: {lease}; "
-              f"jobs run again alone, short of device memory: {row['run_again_alone']}; final evaluations on: {devices}")
+              f"jobs run again alone, short of device memory: {row['run_again_alone']}; final evaluations on: {devices}; "
+              f"frozen mid-step {row['frozen_mid_step']} (inside a call {row['frozen_in_call']})")
         print("  final evaluation, mean s: " + ", ".join(f"{step} {s}" for step, s in row["evaluation_steps_s"].items()))
         times = row["runtime_ms"] or {}
         paid = "" if row["expected_reward"] is None else \

@@ -14,7 +14,10 @@ fresh worker process. The conditions differ in one thing at a time:
   in before the call word and its own copy of the output out after the done word, as a call does);
 - the judge's own work: the 128 MB L2 flush before the call word and after the done word;
 - idle CUDA contexts of other processes on the device, and the worker's host sleeping 2 ms before
-  it synchronises.
+  it synchronises;
+- stalled CUDA contexts of other processes: each with a call queued behind a wait for a word that is
+  not written until the condition ends (what a worker frozen between its ``Done`` and its judge's
+  ``Go`` leaves on the device).
 
 Prints, per condition, the minimum, the deciles and a histogram of the calls in microseconds above
 the minimum; writes every call's time to JSON. (Reading it: a kernel's write of the done word
@@ -39,6 +42,9 @@ CONDITIONS = {
     "plain": {},
     "idle3": {"idles": 3},
     "idle8": {"idles": 8},
+    "stalled1": {"idles": 1, "stalled": True},
+    "stalled3": {"idles": 3, "stalled": True},
+    "real4M_flush_stalled1": {"real": 1 << 22, "judge_work": 128 << 20, "idles": 1, "stalled": True},
     "sleep_after": {"idle_after": 0.002},
     "work20us": {"work_cycles": 40000},
     "flush128M": {"judge_work": 128 << 20},
@@ -98,16 +104,25 @@ def worker(conn, flags_handle: str, work_cycles: int, idle_after: float, real: i
         conn.send("settled")
 
 
-def idle(conn):
+def idle(conn, stalled: bool):
     import torch
-    torch.zeros(1, device="cuda:0")
+
+    from kernel_env.evaluators.child.exchange import DeviceMemory
+    x = torch.zeros(1 << 22, device="cuda:0")
+    x.add_(1)
     torch.cuda.synchronize()
+    word = torch.zeros(1, dtype=torch.int32).pin_memory()
+    if stalled:  # a call queued behind its call word, as a worker frozen before its Go leaves it
+        DeviceMemory(x.device).wait_value(torch.cuda.current_stream(), DeviceMemory(x.device).host_pointer(word), 1)
+        x.add_(1)
     conn.send("ready")
     conn.recv()
+    word[0] = 1
+    torch.cuda.synchronize()
 
 
 def run(calls: int, work_cycles: int = 0, idles: int = 0, idle_after: float = 0.0, judge_work: int = 0, real: int = 0,
-        echo: bool = False) -> list[float]:
+        echo: bool = False, stalled: bool = False) -> list[float]:
     """``calls`` calls' times (us) under one condition, with a worker process of its own."""
     import torch
 
@@ -118,7 +133,7 @@ def run(calls: int, work_cycles: int = 0, idles: int = 0, idle_after: float = 0.
     others = []
     for _ in range(idles):
         ours, theirs = spawn.Pipe()
-        process = spawn.Process(target=idle, args=(theirs,))
+        process = spawn.Process(target=idle, args=(theirs, stalled))
         process.start()
         ours.recv()
         others.append((ours, process))

@@ -96,7 +96,10 @@ class Child:
         self.isolated = zygote.isolated
         self.paths = {target: target if self.isolated else str(source) for target, source in self.host_paths.items()}
         self._closed = False
+        self._calls_lock = -1  # a judge's (see pause_calls), opened once it runs
+        self._calls_guard = threading.Lock()  # the lease's thread pauses while the job's may close
         self._frozen_since: float | None = None  # see freeze(): a step's deadline does not count time frozen
+        self._stopped = None  # after freeze(wait=False): whether the child has stopped (``wait_frozen``)
         self._frozen_s = 0.0
         self._nice: int | None = None  # the niceness to go back to while a slow command yields (_SLOW_AFTER_S)
         # CUDA maps a huge address space, so the per-process cap is off; the cgroup bounds real
@@ -139,6 +142,10 @@ class Child:
             self._namespace = self.proc.pid_namespace()
         self._key = secrets.token_bytes(32)
         self._write("start", self._key.hex())
+        # A judge holds this file's lock through each call with its worker (judge.py); ``pause_calls`` takes it.
+        self._calls_lock = os.open(self.host_paths["/job/ref"] / protocol.CALLS_LOCK,
+                                   os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644) \
+            if role == "judge" and "/job/ref" in self.host_paths else -1
 
     @classmethod
     def spawn(cls, role: str, *, env: dict[str, str], gpu: bool, label: str = "ke", preload: bool = False,
@@ -338,16 +345,35 @@ class Child:
         self._drain_log()
         return bytes(self._tail[-limit:]).decode("utf-8", "replace").strip()
 
-    def freeze(self) -> bool:
+    def freeze(self, wait: bool = True) -> bool:
         """Stop every process of the child (see sharing.py): through its cgroup where this host lets
         one be frozen, else with SIGSTOP to each process of its pid namespace. True once none of
-        them runs (an ended child's too); False where it cannot be stopped (no isolation)."""
+        them runs (an ended child's too); False where it cannot be stopped (no isolation, or it
+        did not stop: then it runs on). ``wait=False``: only ask, True where asked; ``wait_frozen``
+        then waits (so a timing run asks every child at once, and waits once)."""
+        self._stopped = None
         if self._closed or self.proc.poll() is not None:
             return True
-        if (self._cgroup is not None and self._cgroup.freeze()) or (self._namespace is not None and self._namespace.stop() > 0):
-            self._frozen_since = time.monotonic()
-            return True
-        return False
+        if self._cgroup is not None and self._cgroup.freeze(wait=False):
+            self._stopped = self._cgroup.frozen
+        elif self._namespace is not None and self._namespace.stop(wait=False) > 0:
+            self._stopped = self._namespace.stopped
+        else:
+            return False
+        self._frozen_since = time.monotonic()
+        return self.wait_frozen() if wait else True
+
+    def wait_frozen(self, timeout: float = 2.0) -> bool:
+        """After ``freeze(wait=False)``: True once none of the child's processes runs; False (and
+        thawed) where they did not stop within ``timeout`` seconds."""
+        stopped, self._stopped = self._stopped, None
+        deadline = time.monotonic() + timeout
+        while stopped is not None and not stopped():
+            if time.monotonic() > deadline:
+                self.thaw()
+                return False
+            time.sleep(0.0005)
+        return True
 
     def thaw(self) -> None:
         if self._cgroup is not None:
@@ -357,6 +383,23 @@ class Child:
         if self._frozen_since is not None:
             self._frozen_s += time.monotonic() - self._frozen_since
             self._frozen_since = None
+
+    def pause_calls(self) -> bool:
+        """Keep a judge from starting a call with its worker (see sharing.py); False while one is in
+        flight. Other roles start no calls."""
+        with self._calls_guard:
+            if self._calls_lock < 0:
+                return True
+            try:
+                fcntl.flock(self._calls_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+    def resume_calls(self) -> None:
+        with self._calls_guard:
+            if self._calls_lock >= 0:
+                fcntl.flock(self._calls_lock, fcntl.LOCK_UN)
 
     def frozen_s(self) -> float:
         """Seconds this child has spent frozen so far: a step's deadline does not count them."""
@@ -394,6 +437,10 @@ class Child:
         self._drain_log()  # for a death note still to be written
         os.close(self._log)
         self._log = -1
+        with self._calls_guard:
+            if self._calls_lock >= 0:
+                os.close(self._calls_lock)
+                self._calls_lock = -1
         if self._namespace is not None:
             self._namespace.kill()  # closes its pidfd (the child is gone by now)
         if self._cgroup is not None:

@@ -240,21 +240,23 @@ class _Script:
     def device_bandwidth(self, setup: SetupAnswer) -> None:
         """The most bytes per millisecond the device was measured to move, the physical floor's divisor
         (``floor.py``): cached per device; where the cache has none, measured now in the judge's
-        process, with the device (or the processor) to itself: every other job's steps drained."""
+        process, as a timing run (the device, or the processor, to itself: every other job frozen)."""
         jb = self.jb
         device = setup.device_name if jb.gpu else f"cpu on {socket.gethostname()}"
         cache = floor.BandwidthCache(self.baselines.directory)
         self.bytes_per_ms = cache.get(device)
         if self.bytes_per_ms is not None:
             return
-        with jb.step("judge: bandwidth", share="timing", drain=True):
+
+        def run() -> float:
             try:
-                measured = self.judge.call(RefBandwidth(flush_bytes=self._flush_bytes()), BandwidthAnswer,
-                                           self.s.step_timeout_s, yields=False).bytes_per_ms
+                return self.judge.call(RefBandwidth(flush_bytes=self._flush_bytes()), BandwidthAnswer,
+                                       self.s.step_timeout_s, yields=False).bytes_per_ms
             except (ChildError, CommandFailed) as exc:
                 jb.fail(f"measuring the device's memory bandwidth failed: {exc}; not your code's fault",
                         log=self.judge.log_tail(), fault="evaluator")
-        self.bytes_per_ms = cache.put(device, measured)
+
+        self.bytes_per_ms = cache.put(device, jb.timing_step(self.judge, "judge: bandwidth", run))
 
     def time_locally(self, name: str, models: list[str], *, calls: int | None = None) -> dict[str, list[float]]:
         """The judge's own calls of ``models`` (``RefTime``); a timing run unless ``calls=0`` (warm-up only)."""

@@ -11,6 +11,13 @@ first, so they are never starved). Where a child cannot be frozen (no isolation 
 waits for every step to end. Why, the device probe and ``drain``, and what it costs:
 docs/design.md, Jobs sharing a device.
 
+Where it stands is never inside a call between a job's judge and worker (``Freezable.pause_calls``):
+on a GPU a call queues work on two processes' streams that waits for the other's (the call word, the
+done word), and a process frozen there leaves a context waiting on the device, which costs every
+call of the timing run beside it microseconds (``benchmarks/done_word.py``, the stalled conditions).
+A timing run waits for the calls in flight to end, up to ``call_wait_s``, and keeps new ones from
+starting until it is over.
+
 Between its steps a job's children are idle: each command ends with the device synchronised
 (``runner.py``). A child that broke that (a thread of its own, launching on) would slow another
 job's timing, so every other job's child is frozen, busy or not.
@@ -27,13 +34,29 @@ from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 
+#: How often a timing run looks again whether a call in flight has ended (calls take milliseconds).
+_CALL_POLL_S = 0.0005
+
+
 class Freezable(Protocol):
-    def freeze(self) -> bool:
+    def freeze(self, wait: bool = True) -> bool:
         """Stop every process of the child; True once none runs (stopped, or the child has ended),
-        False where that is not possible here."""
+        False where that is not possible here. ``wait=False``: only ask (True where asked), and
+        ``wait_frozen`` waits."""
+
+    def wait_frozen(self) -> bool:
+        """After ``freeze(wait=False)``: True once none of the child's processes runs, False (thawed)
+        where they did not stop."""
 
     def thaw(self) -> None:
         """Let a frozen child's processes run again."""
+
+    def pause_calls(self) -> bool:
+        """Keep the child from starting a call with another process; True once it is in none (then
+        until ``resume_calls``), False while a call of its is still in flight (ask again)."""
+
+    def resume_calls(self) -> None:
+        """Let a child paused by ``pause_calls`` start calls again."""
 
 
 class DeviceLease:
@@ -44,17 +67,21 @@ class DeviceLease:
     ``account()`` says how long the lease has spent in each of its states, ``stragglers``
     how many untimed steps a timing run has frozen mid-step (their grace ran out), and
     ``freezing_s`` how much of the timing runs' time went to freezing and thawing other jobs'
-    children (where no cgroup can be frozen, a stop signal to each process of their namespaces).
+    children (where no cgroup can be frozen, a stop signal to each process of their namespaces), and
+    ``frozen_in_call`` how many children were frozen inside a call all the same (it outlasted
+    ``call_wait_s``).
 
     Args:
         grace_s: how long a timing run waits for an untimed step in flight, counted from the
-            step's start, before freezing it (the local pool: 1 s on a GPU, 0 on the CPU)."""
+            step's start, before freezing it (the local pool: 0.1 s on a GPU, 0 on the CPU).
+        call_wait_s: how long it then waits for the calls in flight to end, at most."""
 
     STATES = ("timing", "draining", "untimed", "idle")
 
-    def __init__(self, grace_s: float = 1.0) -> None:
-        self.grace_s = grace_s
+    def __init__(self, grace_s: float = 1.0, call_wait_s: float = 1.0) -> None:
+        self.grace_s, self.call_wait_s = grace_s, call_wait_s
         self.stragglers = 0
+        self.frozen_in_call = 0
         self.freezing_s = 0.0
         self._cv = threading.Condition()
         self._untimed = 0
@@ -130,7 +157,7 @@ class DeviceLease:
             own: the caller's own children, left running.
             drain: wait for every untimed step in flight to end, however long (a run made again
                 because another process's kernel held the device)."""
-        mine, claimed = list(own), False
+        mine, claimed, paused = list(own), False, []
         with self._cv:
             self._tick()
             self._waiting += 1
@@ -140,16 +167,19 @@ class DeviceLease:
                 drained = self._cv.wait_for(lambda: self._untimed == 0) if drain else self._wait_for_young_steps()
                 others = [child for child in self._children if not any(child is m for m in mine)]
                 began = time.monotonic()
-                frozen = [child for child in others if child.freeze()]
+                paused = self._pause_calls(others)
+                frozen = _freeze(others)
                 if not drained and len(frozen) < len(others):  # one cannot be frozen: it must end of itself
                     for child in frozen:
                         child.thaw()
                     self._cv.wait_for(lambda: self._untimed == 0)
-                    frozen = [child for child in others if child.freeze()]
+                    frozen = _freeze(others)
                 elif not drained:
                     self.stragglers += self._untimed
                 self.freezing_s += time.monotonic() - began
             except BaseException:
+                for child in paused:
+                    child.resume_calls()
                 if claimed:
                     self._timing = False
                     self._cv.notify_all()
@@ -164,11 +194,31 @@ class DeviceLease:
             began = time.monotonic()
             for child in frozen:
                 child.thaw()
+            for child in paused:
+                child.resume_calls()
             with self._cv:
                 self.freezing_s += time.monotonic() - began
                 self._tick()
                 self._timing = self._measuring = False
                 self._cv.notify_all()
+
+    def _pause_calls(self, children: list[Freezable]) -> list[Freezable]:
+        """Pause every child's calls (under the lock, which it lets go while it waits), waiting up to
+        ``call_wait_s`` for those in flight to end; returns the paused. A child still in a call then
+        is frozen in it all the same (``frozen_in_call``): a call may hang, and a hung sample must
+        cost the others no more than this wait."""
+        paused, waiting = [], list(children)
+        deadline = time.monotonic() + self.call_wait_s
+        while True:
+            still = []
+            for child in waiting:
+                (paused if child.pause_calls() else still).append(child)
+            waiting = still
+            if not waiting or time.monotonic() >= deadline:
+                break
+            self._cv.wait(timeout=_CALL_POLL_S)
+        self.frozen_in_call += len(waiting)
+        return paused
 
     def register(self, child: Freezable) -> None:
         """A live child of a job on this device: frozen by other jobs' timing runs until ``unregister``."""
@@ -178,3 +228,9 @@ class DeviceLease:
     def unregister(self, child: Freezable) -> None:
         with self._cv:
             self._children = [c for c in self._children if c is not child]
+
+
+def _freeze(children: list[Freezable]) -> list[Freezable]:
+    """Freeze ``children``, every one asked before any is waited for; returns those frozen."""
+    asked = [child for child in children if child.freeze(wait=False)]
+    return [child for child in asked if child.wait_frozen()]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kernel_env.evaluators import harness
+from kernel_env.evaluators.baselines import BaselineCache
 from kernel_env.evaluators.harness import evaluate
 from kernel_env.evaluators.records import EvalJob, EvalSettings, Mode
 from kernel_env.resources import example_dir
@@ -74,9 +75,10 @@ def test_a_hanging_candidate_is_ended_within_its_task_derived_bound(tmp_path, ki
 def test_a_hanging_neighbour_holds_up_neither_the_timing_nor_the_verdict_of_a_job_beside_it(tmp_path):
     """On one CPU pool of two slots: a candidate that spins in forward (bound: 40 s), then an
     honest profile beside it. The profile is answered correct and timed long before the hang
-    ends: its timing runs froze the spinning process instead of waiting for it."""
+    ends: its timing runs froze the spinning process instead of waiting for it. The baselines' cache
+    is new, so the device's bandwidth is measured beside the hang too (a timing run like the rest)."""
     hang_settings = FAST.model_copy(update={"step_floor_s": 40.0})
-    with LocalPool(["cpu"], jobs_per_cpu=2) as pool:
+    with LocalPool(["cpu"], jobs_per_cpu=2, baselines=BaselineCache(tmp_path / "baselines")) as pool:
         hung = pool.submit(job(hanging(tmp_path, "spins in forward"), "cpp", Mode.VERIFY, hang_settings))
         time.sleep(3.0)  # into its endless loop
         began = time.monotonic()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kernel_env.evaluators.child import protocol
 from kernel_env.evaluators.child.protocol import RefInit, Setup
 from kernel_env.evaluators.children import Child, Spares
 from kernel_env.evaluators.harness import evaluate
@@ -24,15 +25,31 @@ from kernel_env.runtime import pool as pool_module
 
 
 class _Child:
-    def __init__(self, freezes: bool = True):
-        self.freezes, self.frozen = freezes, False
+    """A job's child as the lease sees it; ``in_call_until``: a call with its worker in flight until then
+    (``time.monotonic()``), during which it must not be frozen."""
 
-    def freeze(self) -> bool:
+    def __init__(self, freezes: bool = True, in_call_until: float = 0.0):
+        self.freezes, self.frozen, self.in_call_until = freezes, False, in_call_until
+        self.paused = self.frozen_in_call = False
+
+    def freeze(self, wait: bool = True) -> bool:
         self.frozen = self.freezes
+        self.frozen_in_call |= self.freezes and time.monotonic() < self.in_call_until
         return self.freezes
+
+    def wait_frozen(self) -> bool:
+        return self.frozen
 
     def thaw(self) -> None:
         self.frozen = False
+
+    def pause_calls(self) -> bool:
+        self.paused = time.monotonic() >= self.in_call_until
+        return self.paused
+
+    def resume_calls(self) -> None:
+        assert self.paused, "resumed a child that was not paused"
+        self.paused = False
 
 
 class _Recorder:
@@ -123,6 +140,56 @@ def test_a_timing_run_freezes_the_other_jobs_children_and_thaws_them_after():
     lease.unregister(theirs)
     with lease.timing(own=[mine]):
         assert not theirs.frozen
+
+
+def test_a_timing_run_freezes_no_child_inside_a_call_with_its_worker():
+    """A child whose call is in flight is frozen once the call has ended (and none starts meanwhile:
+    its calls are paused until the run is over); one whose call outlasts ``call_wait_s`` (a hang) is
+    frozen in it all the same, and counted."""
+    lease = DeviceLease(grace_s=0.0, call_wait_s=1.0)
+    calling = _Child(in_call_until=time.monotonic() + 0.2)
+    lease.register(calling)
+    asked = time.monotonic()
+    with lease.timing():
+        waited = time.monotonic() - asked
+        assert calling.frozen and calling.paused and not calling.frozen_in_call
+    assert not calling.frozen and not calling.paused
+    assert 0.15 <= waited < 0.9 and lease.frozen_in_call == 0, waited
+
+    hung = _Child(in_call_until=time.monotonic() + 60)
+    lease.register(hung)
+    asked = time.monotonic()
+    with lease.timing():
+        waited = time.monotonic() - asked
+        assert hung.frozen and hung.frozen_in_call and not hung.paused
+    assert 0.9 <= waited < 2.0 and lease.frozen_in_call == 1, waited
+
+
+def test_a_judge_s_calls_lock_pauses_it_between_calls():
+    """The judge's side of the pause, as the judge takes it around each call on a GPU (judge.py): while
+    another open file holds the lock (a call in flight) the pause waits; once it is paused, the judge's
+    next call waits for ``resume_calls``."""
+    import fcntl
+
+    child = Child.spawn("judge", env={}, gpu=False, label="test-freeze")
+    try:
+        judge_side = os.open(child.host_paths["/job/ref"] / protocol.CALLS_LOCK, os.O_RDONLY)
+        fcntl.flock(judge_side, fcntl.LOCK_EX)  # a call in flight
+        assert not child.pause_calls()
+        fcntl.flock(judge_side, fcntl.LOCK_UN)  # it ended
+        assert child.pause_calls()
+        with pytest.raises(BlockingIOError):  # the next call cannot start
+            fcntl.flock(judge_side, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        child.resume_calls()
+        fcntl.flock(judge_side, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(judge_side)
+    finally:
+        child.discard()
+    worker = Child.spawn("worker", env={}, gpu=False, label="test-freeze")
+    try:
+        assert worker.pause_calls()  # a worker starts no calls
+    finally:
+        worker.discard()
 
 
 def test_a_frozen_child_answers_only_once_thawed_and_its_deadline_does_not_count_the_time_frozen():
@@ -373,6 +440,38 @@ def test_without_a_freezable_cgroup_a_child_is_stopped_by_signal():
     finally:
         child._cgroup = cgroup
         child.discard()
+
+
+@pytest.mark.parametrize("by", ["cgroup", "signal"])
+def test_a_timing_run_asks_every_child_to_stop_before_it_waits_for_any(by):
+    """Three real children frozen at once (``sharing._freeze``: each asked, then each waited for), by
+    their cgroups or by signals: all stopped before the run, all running again after."""
+    from kernel_env.evaluators.sharing import _freeze
+
+    children = [Child.spawn("judge", env={}, gpu=False, label="test-freeze") for _ in range(3)]
+    cgroups = [child._cgroup for child in children]
+    try:
+        if by == "signal":
+            for child in children:
+                child._cgroup = None
+        if (by == "cgroup" and None in cgroups) or (by == "signal" and children[0]._namespace is None):
+            pytest.skip(f"nothing here stops a child by {by}")
+        assert _freeze(children) == children
+        for child in children:
+            if by == "signal":
+                states = {Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] for pid in _pids(child)}
+                assert states == {"T"}, states
+            else:
+                assert child._cgroup.frozen()
+        for child in children:
+            child.thaw()
+        for child in children:
+            child.call(Setup(device="cpu", out_dir=child.path("/job/ref"),
+                             task_code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10")), None, 120)
+    finally:
+        for child, cgroup in zip(children, cgroups):
+            child._cgroup = cgroup
+            child.discard()
 
 
 def _pids(child: Child) -> list[int]:

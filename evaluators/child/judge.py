@@ -22,6 +22,7 @@ checking that no time can be taken off a candidate's work must see all of it in 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import socket
@@ -99,6 +100,9 @@ class Judge:
         self._loopback: tuple | None = None  # (the CPU) a socket of the judge's own, for ``_own_share``
         self._last_layout: _Layout | None = None
         if self.cuda:
+            # Held through each call: another job's timing run freezes this job between calls, never inside
+            # one, where the two processes' streams wait on each other (evaluators/sharing.py).
+            self.calls_lock = os.open(reference.out_dir / protocol.CALLS_LOCK, os.O_RDONLY | os.O_CLOEXEC)
             self.stream = torch.cuda.current_stream(self.device)
             self.gate = torch.zeros(1, dtype=torch.int32, pin_memory=True)
             self.gate_address = self.memory.host_pointer(self.gate)
@@ -261,7 +265,12 @@ class Judge:
         k = self._k
         go = Go(k=k, layout=layout.number, values=values)
         if self.cuda:
-            (raw_ms, done, got), inputs = self._call_cuda(go, staging, layout), layout.inputs
+            fcntl.flock(self.calls_lock, fcntl.LOCK_EX)
+            try:
+                (raw_ms, done, got), inputs = self._call_cuda(go, staging, layout), layout.inputs
+            finally:
+                if not self.stuck:  # a stream left waiting for the worker waits on the device until the job ends
+                    fcntl.flock(self.calls_lock, fcntl.LOCK_UN)
         else:
             raw_ms, done, got, inputs = self._call_cpu(go, staging, layout)
         record = CallRecord(k=k, kind=kind, findings=_capped(done.findings))

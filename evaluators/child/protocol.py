@@ -42,6 +42,9 @@ except ImportError:  # Python built without OpenSSL
 
 #: The largest message either side reads from the other (a ``Done``, a ``Reply``).
 MAX_MESSAGE = 4 << 20
+#: The file in the judge's job folder (``Setup.out_dir``) whose lock the judge holds through each call with
+#: its worker on a GPU, and another job's timing run takes to pause its calls (evaluators/sharing.py).
+CALLS_LOCK = "calls.lock"
 #: Bumped whenever a change to the judge's clock changes what a timing means; part of the baseline cache key.
 PROTOCOL_VERSION = 9
 _json_dumps, _json_loads = json.dumps, json.loads

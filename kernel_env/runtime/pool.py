@@ -136,8 +136,8 @@ class LocalPool(_QueuedPool):
         self.jobs_per_cpu = jobs_per_cpu or config.jobs_per_cpu()
         slots = {d: self.jobs_per_gpu if d.startswith("cuda") else self.jobs_per_cpu for d in self.devices}
         #: The shared devices' leases, by device. The CPU's lease freezes a step mid-way at once (a frozen process leaves nothing running);
-        # a GPU's lets a step run a second first (a kernel it already launched would run on).
-        self.leases = leases = {d: DeviceLease(grace_s=1.0 if d.startswith("cuda") else 0.0)
+        # a GPU's lets a step run 0.1 s first (most end by then), and freezes none inside a call (sharing.py).
+        self.leases = leases = {d: DeviceLease(grace_s=0.1 if d.startswith("cuda") else 0.0)
                                 for d in self.devices if slots[d] > 1}
         # Held as a sharer (untimed) by every job on a shared GPU for the whole job, alone (timing) by
         # a job run again after running out of device memory: only then is the memory free of the

@@ -225,15 +225,19 @@ class PidNamespace:
                         sent.add(pid)
         return len(sent)
 
-    def stop(self, timeout: float = 1.0) -> int:
-        """SIGSTOP every process in the namespace and wait (up to ``timeout`` seconds) until each is
-        stopped: the signal takes effect only once a process next runs, a moment later on a busy
-        host. How many were sent it."""
+    def stop(self, timeout: float = 1.0, wait: bool = True) -> int:
+        """SIGSTOP every process in the namespace and wait (up to ``timeout`` seconds, unless not
+        ``wait``: see ``stopped``) until each is stopped: the signal takes effect only once a
+        process next runs, a moment later on a busy host. How many were sent it."""
         sent = self.signal(signal.SIGSTOP)
         deadline = time.monotonic() + timeout
-        while sent and any(state not in "TtZX" for state in self._states()) and time.monotonic() < deadline:
+        while wait and sent and not self.stopped() and time.monotonic() < deadline:
             time.sleep(0.001)
         return sent
+
+    def stopped(self) -> bool:
+        """Whether every process of the namespace is stopped (or gone)."""
+        return all(state in "TtZX" for state in self._states())
 
     def members(self) -> list[int]:
         """The processes of the namespace (host pids): its init and every process descending from it.

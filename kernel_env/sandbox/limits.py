@@ -126,26 +126,36 @@ class Cgroup:
                 pass
         return sorted(found)
 
-    def freeze(self) -> bool:
-        """Stop every process in the cgroup; True once the kernel reports them stopped."""
+    def freeze(self, wait: bool = True) -> bool:
+        """Stop every process in the cgroup; True once the kernel reports them stopped. ``wait=False``:
+        only ask, True where asked (``frozen`` says when they are)."""
         try:
             if self._freezer is not None:
                 (self._freezer / "freezer.state").write_text("FROZEN")
-                done = lambda: (self._freezer / "freezer.state").read_text().strip() == "FROZEN"  # noqa: E731
             elif (self.dirs[0] / "cgroup.freeze").exists():
                 (self.dirs[0] / "cgroup.freeze").write_text("1")
-                done = lambda: "frozen 1" in (self.dirs[0] / "cgroup.events").read_text()  # noqa: E731
             else:
                 return False
-            deadline = time.monotonic() + 2.0
-            while not done():
-                if time.monotonic() > deadline:
-                    self.thaw()
-                    return False
-                time.sleep(0.001)
-            return True
         except OSError as exc:
             log.debug("cannot freeze cgroup %s: %s", self.dirs[0], exc)
+            return False
+        if not wait:
+            return True
+        deadline = time.monotonic() + 2.0
+        while not self.frozen():
+            if time.monotonic() > deadline:
+                self.thaw()
+                return False
+            time.sleep(0.001)
+        return True
+
+    def frozen(self) -> bool:
+        """Whether the kernel reports every process of the cgroup stopped."""
+        try:
+            if self._freezer is not None:
+                return (self._freezer / "freezer.state").read_text().strip() == "FROZEN"
+            return "frozen 1" in (self.dirs[0] / "cgroup.events").read_text()
+        except OSError:
             return False
 
     def thaw(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -143,6 +144,31 @@ def test_the_judges_time_of_a_kernel_is_near_do_bench(pool, tmp_path):
     assert result.physical_floor_ms == pytest.approx(3 * (1 << 26) * 4 / (measured * floor.SLACK)), result.summary()
     assert result.physical_floor_ms < result.runtime_ms, (result.physical_floor_ms, result.runtime)
     print(f"bandwidth {measured / 1e6:.0f} GB/s; floor {result.physical_floor_ms:.4f} ms; runtime {result.runtime_ms:.4f} ms")
+
+
+def test_a_judge_holds_its_calls_lock_through_each_call_so_no_timing_run_freezes_it_inside_one(pool, tmp_path):
+    """The judge holds its calls lock from a call's ``Go`` to its worker's ``Settled`` (judge.py): a
+    process frozen inside a call would leave its stream waiting on the device, which slows every call
+    of the timing run beside it (docs/design.md, Jobs sharing a device). Polled as another job's timing
+    run would pause it while a profile runs, the lock is found held and free by turns, and the job is
+    judged as ever."""
+    lease = pool.leases.get("cuda:0")
+    if lease is None:
+        pytest.skip("the pool runs one job per GPU (KERNEL_ENV_JOBS_PER_GPU=1)")
+    held = free = 0
+    with ThreadPoolExecutor(1) as jobs:
+        future = jobs.submit(_evaluate, pool, RELU_ADD_1M, _triton_solution(tmp_path, "turn4_fused"), mode=Mode.PROFILE)
+        while not future.done():
+            for child in [c for c in list(lease._children) if c.role == "judge"]:
+                if child.pause_calls():
+                    free += 1
+                    child.resume_calls()
+                else:
+                    held += 1
+            time.sleep(0.0005)
+        result = future.result()
+    assert result.correct and not result.violations and result.runtime_ms, result.summary()
+    assert held > 0 and free > 0, (held, free)
 
 
 def test_a_job_short_of_device_memory_beside_another_is_run_again_alone(pool, tmp_path):

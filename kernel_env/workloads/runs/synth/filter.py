@@ -309,7 +309,7 @@ class Screener:
             if result.out_of_memory and self.workers > 1:
                 # Other screenings' processes held memory on this device: judge it again once none is
                 # left, with the device to itself.
-                with self._occupancy[device].timing():
+                with self._occupancy[device].timing(drain=True):  # every other screening has ended
                     result = screen(code, task_id, self.settings, device=device, gate=DeviceLease(),
                                     cache_dir=self.cache_dir, on_child=remember)
             return result
