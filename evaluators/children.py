@@ -379,7 +379,7 @@ class Child:
         if self._cgroup is not None:
             self._cgroup.thaw()
         if self._namespace is not None:
-            self._namespace.signal(signal.SIGCONT)
+            self._namespace.cont()
         if self._frozen_since is not None:
             self._frozen_s += time.monotonic() - self._frozen_since
             self._frozen_since = None

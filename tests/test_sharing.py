@@ -575,8 +575,8 @@ def test_a_namespace_s_processes_are_its_init_s_tree_orphans_and_nested_namespac
         members = set(namespace.members())
         assert set(namespace._members_by_namespace()) < members, "a nested namespace's process is missed by the scan"
         assert namespace.stop() == len(members)
-        assert {_state(pid) for pid in members} == {"T"}
-        namespace.signal(signal.SIGCONT)
+        assert {_state(pid) for pid in members} == {"T"} and namespace.stopped()
+        namespace.cont()  # continues exactly those it stopped
         assert "T" not in {_state(pid) for pid in members}
     finally:
         namespace.kill()

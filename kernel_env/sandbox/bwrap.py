@@ -189,6 +189,7 @@ class PidNamespace:
     def __init__(self, pidfd: int, pid: int | None = None):
         self._pidfd: int | None = pidfd
         self.pid = pid  # the init's pid in the host's namespace
+        self._stopped: dict[int, int] = {}  # pid -> pidfd of each process ``stop`` stopped, until ``cont``
 
     @classmethod
     def from_info_fd(cls, fd: int, timeout: float = 30.0) -> PidNamespace | None:
@@ -228,16 +229,44 @@ class PidNamespace:
     def stop(self, timeout: float = 1.0, wait: bool = True) -> int:
         """SIGSTOP every process in the namespace and wait (up to ``timeout`` seconds, unless not
         ``wait``: see ``stopped``) until each is stopped: the signal takes effect only once a
-        process next runs, a moment later on a busy host. How many were sent it."""
-        sent = self.signal(signal.SIGSTOP)
+        process next runs, a moment later on a busy host. How many were sent it. Each is held by a
+        pidfd until ``cont``, which continues exactly those (a stopped process starts no other)."""
+        self.cont()
+        for _ in range(2):  # twice round, for a process started meanwhile
+            for pid in self.members():
+                if pid in self._stopped:
+                    continue
+                try:
+                    fd = os.pidfd_open(pid)
+                except OSError:  # gone meanwhile
+                    continue
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGSTOP)
+                except OSError:
+                    os.close(fd)
+                    continue
+                self._stopped[pid] = fd
         deadline = time.monotonic() + timeout
-        while wait and sent and not self.stopped() and time.monotonic() < deadline:
+        while wait and self._stopped and not self.stopped() and time.monotonic() < deadline:
             time.sleep(0.001)
-        return sent
+        return len(self._stopped)
 
     def stopped(self) -> bool:
-        """Whether every process of the namespace is stopped (or gone)."""
-        return all(state in "TtZX" for state in self._states())
+        """Whether every process ``stop`` stopped is stopped now (or gone)."""
+        for pid in self._stopped:
+            with contextlib.suppress(OSError, IndexError):
+                if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in "TtZX":
+                    return False
+        return True
+
+    def cont(self) -> None:
+        """SIGCONT every process the last ``stop`` stopped (through its pidfd: never another
+        process that took a pid meanwhile)."""
+        stopped, self._stopped = self._stopped, {}
+        for fd in stopped.values():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                signal.pidfd_send_signal(fd, signal.SIGCONT)
+            os.close(fd)
 
     def members(self) -> list[int]:
         """The processes of the namespace (host pids): its init and every process descending from it.
@@ -285,14 +314,6 @@ class PidNamespace:
                 continue
         return members
 
-    def _states(self) -> list[str]:
-        """The scheduler state (R, S, D, T, ...) of each process in the namespace."""
-        states = []
-        for pid in self.members():
-            with contextlib.suppress(OSError, IndexError):
-                states.append(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0])
-        return states
-
     def kill(self, timeout: float = 10.0) -> bool:
         """Kill everything in the namespace and wait until it is empty; idempotent. False if it
         did not empty within ``timeout`` seconds."""
@@ -305,4 +326,5 @@ class PidNamespace:
         emptied = readable(self._pidfd, timeout)
         os.close(self._pidfd)
         self._pidfd = None
+        self.cont()  # (closes the pidfds of those it had stopped)
         return emptied
