@@ -6,6 +6,7 @@ script (``harness.py``); this module decides nothing about a candidate.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import signal
 import time
@@ -25,6 +26,10 @@ from kernel_env.evaluators.children import Child, ChildError, CommandFailed, Spa
 from kernel_env.evaluators.records import EvalJob, EvalResult, Fault
 from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.languages import get_language
+
+#: Each step of a job as it begins (INFO, the job's id in ``record.job_id``): what a long evaluation is
+#: doing now, for a progress line (``kernel-env run-task``) or a log.
+steps_log = logging.getLogger("kernel_env.evaluators.steps")
 
 #: Children started ahead of their jobs, for this process's jobs (see children.Spares).
 SPARES = Spares()
@@ -65,6 +70,7 @@ class Job:
         the lease to ``steps_s["waiting for the device"]`` (unless ``record`` is False: the result
         may have been handed over already)."""
         steps = self.result.steps_s if record else {}
+        steps_log.info("%s", name, extra={"job_id": self.job.job_id})
         asked = time.monotonic()
         with contextlib.ExitStack() as held:
             if self.lease is not None and share is not None:

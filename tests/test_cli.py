@@ -313,15 +313,21 @@ def test_run_task_json_of_a_real_wrong_answer(tmp_path):
 @pytest.mark.slow  # 19 s: a whole run-task --solution
 def test_run_task_solution_piped_prints_its_phases_and_lines_whole_at_80_columns(tmp_path):
     """A log of `run-task --solution` shows each phase as it starts, stamped with the seconds since
-    the start, then the result: no line broken at 80 columns, the table within them, its numbers whole."""
+    the start, and within the trusted evaluation each of its steps as it begins (indented), then the
+    result: no line broken at 80 columns, the table within them, its numbers whole."""
     task = tmp_path / "relu_add_4k.py"
     task.write_text((example_dir("relu_add") / "task.py").read_text().replace("1 << 24", "1 << 12"))
     result = _cli("run-task", str(task), "--solution", str(example_dir("relu_add") / "solutions" / "triton"),
                   "--language", "triton", "--device", "cpu", home=tmp_path, columns=80)
     assert result.returncode == 0, result.stdout + result.stderr
-    phases = result.stderr.splitlines()
+    lines = result.stderr.splitlines()
+    phases = [line for line in lines if not re.match(r"^\[ *\d+\.\d s\]   ", line)]
     assert [re.sub(r"^\[ *\d+\.\d s\] ([a-z ]+?)(:| in).*", r"\1", line) for line in phases] == \
         ["setting up", "building", "verifying and timing", "done"], result.stderr
+    evaluating = lines[lines.index(phases[2]) + 1:lines.index(phases[3])]  # the evaluation's steps, and nothing else
+    assert evaluating == [line for line in lines if line not in phases], result.stderr
+    steps = {re.sub(r"^\[ *\d+\.\d s\]   ", "", line) for line in evaluating}
+    assert {"judge: RefTrials", "candidate: trials", "candidate: timing"} <= steps, steps
     assert "on the CPU" in phases[2] and "GPU" not in result.stderr
     assert re.search(r"done in [\d.]+ s: correct, reward 1 \(setting up [\d.]+ s, building [\d.]+ s, "
                      r"verifying and timing [\d.]+ s\)$", phases[3]), phases[3]

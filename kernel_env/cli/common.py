@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import sys
 import threading
@@ -216,6 +217,17 @@ class Phases:
             elif not self.quiet:
                 err.print(escape(stamped(self.elapsed, line)), soft_wrap=True)
 
+    def step(self, text: str) -> None:
+        """What the current phase is doing now (plain text): the live line's on a terminal, else an
+        indented stamped line in the log (a long phase is never silent)."""
+        with self._lock:
+            if self.quiet or self._phase is None:
+                return
+            if self._live:
+                self._progress.reset(self._bar, description=escape(f"{self._phase}: {text}"))
+            else:
+                err.print(escape(stamped(self.elapsed, f"  {text}")), soft_wrap=True)
+
     def summary(self) -> str:
         """Each finished phase and its time: ``setting up 1.8 s, building 38.4 s``."""
         return ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.seconds.items())
@@ -234,6 +246,36 @@ class Phases:
         if self._live and not failed:
             err.print(f"[green]✓[/] {escape(self._phase)} [dim]({took:.1f} s)[/]", soft_wrap=True)
         self._phase = None
+
+
+class StepLines(logging.Handler):
+    """Each step of the evaluations a ``Phases`` shows (``job.steps_log``), as its ``step`` line: use it
+    as a context manager around the evaluation; ``follow(job)`` names the job to show."""
+
+    def __init__(self, phases: Phases):
+        super().__init__(logging.INFO)
+        self.phases, self.job_id = phases, None
+
+    def follow(self, job) -> None:
+        self.job_id = job.job_id
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.job_id is not None and getattr(record, "job_id", None) == self.job_id:
+            self.phases.step(record.getMessage())
+
+    def __enter__(self) -> StepLines:
+        from kernel_env.evaluators.job import steps_log
+
+        self._level = steps_log.level
+        steps_log.addHandler(self)
+        steps_log.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from kernel_env.evaluators.job import steps_log
+
+        steps_log.removeHandler(self)
+        steps_log.setLevel(self._level)
 
 
 class ObservedPool:

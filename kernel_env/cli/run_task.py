@@ -31,6 +31,7 @@ from kernel_env.cli.common import (
     EXIT_TASK_FAILED,
     EXIT_USAGE,
     ObservedPool,
+    StepLines,
     Phases,
     err,
     fail,
@@ -187,10 +188,13 @@ def _run_solution(task: Task, solution: Path, *, language: str, sandbox: str, de
     if not (solution / "model_new.py").is_file():
         fail(f"solution {solution}: no model_new.py there (a solution folder holds model_new.py and kernels/)")
     try:
-        with Phases(quiet=False) as phases:  # on stderr: --json's stdout stays one JSON object
-            # The pool says when the evaluation begins: the build is over then.
-            pool = ObservedPool(default_pool(), lambda job: phases.start(
-                "verifying and timing", f"the trusted evaluation on {_where(job.device)}"))
+        with Phases(quiet=False) as phases, StepLines(phases) as steps:  # on stderr: --json's stdout stays one JSON object
+            # The pool says when the evaluation begins: the build is over then. Its steps show as they begin.
+            def evaluating(job) -> None:
+                phases.start("verifying and timing", f"the trusted evaluation on {_where(job.device)}")
+                steps.follow(job)
+
+            pool = ObservedPool(default_pool(), evaluating)
             phases.start("setting up", f"{task.id}: its workspace and sandbox")
             episode = Episode.open(task, language=language, device=device, sandbox=sandbox, pool=pool)
             try:
