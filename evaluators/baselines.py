@@ -1,4 +1,5 @@
-"""The torch.compile baseline, timed once per task and cached on disk, with the eager time it was timed beside.
+"""The torch.compile baseline, timed once per task and cached on disk, with the eager time it was timed beside;
+and the tasks found to have no trivial answer (``screened``).
 
 Keyed by (task content hash, device name, torch version, timing protocol version and the
 settings a timing depends on): a different GPU model, torch build or timing protocol is a
@@ -45,6 +46,16 @@ class BaselineCache:
             return None
         compiled = record.get("compile")
         return Timing(**record["eager"]), Timing(**compiled) if compiled else None
+
+    def screened(self, key: str) -> bool:
+        """Whether the task of ``key`` (its code and the settings its trials depend on) was searched
+        for trivial answers and found to have none (``harness``: a task's property, not a job's)."""
+        return (self.directory / "screened" / key).is_file()
+
+    def mark_screened(self, key: str) -> None:
+        folder = self.directory / "screened"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / key).touch()
 
     def put(self, key: str, eager: Timing, compiled: Timing | None) -> tuple[Timing, Timing | None]:
         """Store the two timings (timed together); returns them."""

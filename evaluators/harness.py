@@ -74,11 +74,6 @@ _PROCESSES_MESSAGE = ("ModelNew started other processes, {when} ({pids} in the e
 _JOB_FOLDER_FLOOR = 1 << 30
 _JOB_FOLDER_MULTIPLE = 4
 _JOB_FOLDER_FILES = 10_000
-#: The tasks this process has screened for trivial answers and found none that passes (a task's
-#: property, not a job's): later jobs of the same task skip the search (0.3 s of a GPU job's
-#: reference). A task's outputs are still checked to be finite in every job.
-_SCREENED: set[str] = set()
-
 
 def evaluate(job: EvalJob, *, device: str | None = None, baselines: BaselineCache | None = None,
              lease: DeviceLease | None = None,
@@ -195,7 +190,10 @@ class _Script:
             return setup
         screened = hashlib.sha256(repr((self.job.task_code, jb.gpu, self.s.atol, self.s.rtol, self.s.vary_inputs,
                                         self.s.trials)).encode()).hexdigest()
-        screen = self.s.refuse_trivial_tasks and screened not in _SCREENED
+        # A task searched for trivial answers and found to have none (a task's property, not a job's) is
+        # remembered beside the baselines: later jobs skip the search (0.3 s of a GPU job's reference,
+        # seconds on a CPU). A task's outputs are still checked to be finite in every job.
+        screen = self.s.refuse_trivial_tasks and not self.baselines.screened(screened)
         answer = jb.ask(judge, RefTrials(seeds=[secrets.randbits(31) for _ in range(self.s.trials)], vary=self.s.vary_inputs,
                                          atol=self.s.atol, rtol=self.s.rtol, screen=screen),
                         RefTrialsAnswer, "running the reference Model")
@@ -210,7 +208,7 @@ class _Script:
                     "a constant or copied answer would be paid as correct); not your code's fault. `kernel-env tasks "
                     "--check` lists such tasks", fault="evaluator")
         if screen:
-            _SCREENED.add(screened)
+            self.baselines.mark_screened(screened)
         self.reference = answer
         return setup
 

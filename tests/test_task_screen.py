@@ -265,13 +265,12 @@ def test_an_empty_output_is_trivially_passed():
 
 def test_a_task_is_searched_for_trivial_answers_by_its_first_job_only_and_a_refused_one_by_every_job(tmp_path, monkeypatch):
     """The search is the task's, not the job's (0.3 s of a GPU job's reference): a task found
-    sound once in this process is not searched again; one that a trivial answer passes is never
-    remembered, so every job of it is refused."""
-    from kernel_env.evaluators import harness
+    sound once is not searched again (it is remembered beside the baselines, so by later processes
+    too); one that a trivial answer passes is never remembered, so every job of it is refused."""
     from kernel_env.evaluators.child.protocol import RefTrials
     from kernel_env.evaluators.job import Job
 
-    monkeypatch.setattr(harness, "_SCREENED", set())
+    monkeypatch.setenv("KERNEL_ENV_HOME", str(tmp_path / "home"))  # a baselines cache of this test's own
     searched, ask = [], Job.ask
 
     def recording(self, child, command, *args, **kwargs):
