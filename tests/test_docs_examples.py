@@ -15,8 +15,8 @@ Every ```bash (sh, shell) and ```python block of README.md and docs/*.md is one 
 
 docs/trainers.md's shell blocks are run by tests/test_trainers_doc.py (the ``<!-- doc-test -->``
 comment above each); here its skipped ones (``<!-- doc-test: skip: ... -->``) need the first
-line too, so a reader sees why. A block that takes minutes on a CPU (an evaluation of the
-bundled example, whose 16M-element task the trusted harness times) is marked slow (``SLOW``).
+line too, so a reader sees why. A block that takes tens of seconds on a CPU (an evaluation of the
+bundled example: its first on a machine times torch.compile too) is marked slow (``SLOW``).
 """
 
 from __future__ import annotations
