@@ -14,6 +14,10 @@ candidate's prints) go to a pipe the harness drains while a command runs, keepin
 ended (a flood of output, written to a file, was disk-bound work that slowed every job beside it,
 and filled the disk up to the file-size limit). Each child also has a parent socket, on which the
 harness hands the judge and the worker of a job the two ends of their own socket (``connect``).
+
+Why one module: a child's process, its descriptors, its cgroup or namespace (``freeze``) and a
+judge's calls lock (``pause_calls``) are one object's state, which a timing run of another job
+acts on (``sharing.py``); ``Spares`` are those same objects, started early.
 """
 
 from __future__ import annotations
