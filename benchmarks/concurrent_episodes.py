@@ -83,6 +83,7 @@ import kernel_env
 from kernel_env.config import jobs_per_gpu
 from kernel_env.evaluators.records import EvalSettings
 from kernel_env.evaluators.reward import milestone_reward
+from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.resources import example_dir
 from kernel_env.runtime.pool import SHORT_OF_MEMORY_STEP, GpuPool, LocalPool, RayPool
 from kernel_env.tasks import Task
@@ -299,12 +300,11 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec, c
     with contextlib.ExitStack() as stack:
         memory, pool = stack.enter_context(TreeMemory()), stack.enter_context(PoolMeter(evaluator))
         gpus = [stack.enter_context(GpuSampler(period_ms=50, index=index)) for index in range(spec.gpus)]
-        cpu_before, lease_before, freezing_before = _cpu_ticks(), _lease_account(evaluator), _freezing_s(evaluator)
-        frozen_before = _frozen_counts(evaluator)
+        cpu_before, lease_before, frozen_before = _cpu_ticks(), _lease_account(evaluator), _frozen_counts(evaluator)
         started = time.perf_counter()
         results = await asyncio.gather(*(limited(i) for i in range(count)))
         wall = time.perf_counter() - started
-        cpu_after, lease_after, freezing_after = _cpu_ticks(), _lease_account(evaluator), _freezing_s(evaluator)
+        cpu_after, lease_after = _cpu_ticks(), _lease_account(evaluator)
         frozen = {kind: n - frozen_before[kind] for kind, n in _frozen_counts(evaluator).items()}
     evaluator.close()
     if isinstance(evaluator, RayPool):
@@ -328,7 +328,10 @@ async def run(count: int, concurrency: int, jobs_per_gpu: int, spec: PoolSpec, c
         "gpu_busy_by_gpu": [round(statistics.fmean(per_gpu) / 100, 3) if per_gpu else None for per_gpu in busy],
         "final_evaluations_by_device": dict(sorted(Counter(r.ran_on.rsplit("/", 1)[1] for r in results if r.ran_on).items())),
         "lease_share": lease_share,
-        "freezing_s": round(freezing_after - freezing_before, 1),
+        "freezing_s": round(sum(frozen[part] for part in DeviceLease.FREEZING), 1),
+        "freezing_parts_s": {part: round(frozen[part], 1) for part in DeviceLease.FREEZING},
+        # Other jobs' children a timing run stopped, and idle judges it held (nothing to stop).
+        "children_stopped": frozen["stopped"], "children_held": frozen["held"],
         # Children frozen mid-step (past the lease's grace), and of those inside a call with their worker.
         "frozen_mid_step": frozen["stragglers"], "frozen_in_call": frozen["frozen_in_call"],
         # The same kernel in every episode: how its final times and rewards spread under this load.
@@ -360,16 +363,14 @@ def _quantiles(values: list[float]) -> dict[str, float] | None:
     return {"p10": round(deciles[0], 4), "median": round(statistics.median(values), 4), "p90": round(deciles[-1], 4)}
 
 
-def _freezing_s(pool: GpuPool) -> float:
-    """Seconds the pool's timing runs have spent freezing and thawing other jobs' children (local pools)."""
-    return sum(lease.freezing_s for lease in getattr(pool, "leases", {}).values())
-
-
-def _frozen_counts(pool: GpuPool) -> dict[str, int]:
-    """How many untimed steps the pool's timing runs have frozen mid-step, and how many children inside a
-    call with their worker (``DeviceLease.stragglers``, ``frozen_in_call``; local pools)."""
-    leases = getattr(pool, "leases", {}).values()
-    return {"stragglers": sum(lease.stragglers for lease in leases), "frozen_in_call": sum(lease.frozen_in_call for lease in leases)}
+def _frozen_counts(pool: GpuPool) -> dict[str, float]:
+    """What the pool's timing runs have spent so far freezing and thawing other jobs' children, in
+    seconds by part (``DeviceLease.freezing_s``), and counts: children stopped and held, untimed
+    steps frozen mid-step, and children frozen inside a call with their worker (local pools)."""
+    leases = list(getattr(pool, "leases", {}).values())
+    counts = {part: sum(lease.freezing_s[part] for lease in leases) for part in DeviceLease.FREEZING}
+    return counts | {kind: sum(getattr(lease, kind) for lease in leases)
+                     for kind in ("stopped", "held", "stragglers", "frozen_in_call")}
 
 
 def _comparisons(runs: list[tuple[str, dict]]) -> list[dict]:
@@ -473,7 +474,10 @@ def main() -> None:
         paid = "" if row["expected_reward"] is None else \
             f" ({row['paid_as_do_bench']}/{row['episodes']} paid {row['expected_reward']}, do_bench's milestone)"
         print(f"  the candidate's final time, ms: median {times.get('median')} (p10 {times.get('p10')}, p90 {times.get('p90')}); "
-              f"rewards {row['reward_counts']}{paid}; freezing and thawing children {row['freezing_s']} s")
+              f"rewards {row['reward_counts']}{paid}")
+        parts = ", ".join(f"{part} {s} s" for part, s in row["freezing_parts_s"].items())
+        print(f"  freezing and thawing children {row['freezing_s']} s ({parts}); children stopped "
+              f"{row['children_stopped']}, idle judges held {row['children_held']}")
     for _, row in runs:
         for sample in row["error_samples"]:
             print(f"error: {sample}")

@@ -51,6 +51,7 @@ from kernel_env.evaluators.forkserver import (
     child_env,
     zygote_for,
 )
+from kernel_env.evaluators.sharing import freeze_all
 from kernel_env.sandbox.bwrap import PidNamespace, python_executable
 from kernel_env.sandbox.limits import Cgroup, Limits
 
@@ -100,8 +101,14 @@ class Child:
         self.isolated = zygote.isolated
         self.paths = {target: target if self.isolated else str(source) for target, source in self.host_paths.items()}
         self._closed = False
-        self._calls_lock = -1  # a judge's (see pause_calls), opened once it runs
+        self._calls_lock = self._calls_gate = -1  # a judge's (see pause_calls), opened once it runs
+        self._gate_held = False
         self._calls_guard = threading.Lock()  # the lease's thread pauses while the job's may close
+        # A command in flight (sent, its answer not yet read), or the start; see freeze() and ``held``.
+        self._commands = threading.Condition()
+        self._busy = True  # until its first answer: a spare makes its CUDA context before it reads its stdin
+        #: Frozen by a hold (``freeze``): an idle judge, to which no command is sent until ``thaw``.
+        self.held = False
         self._frozen_since: float | None = None  # see freeze(): a step's deadline does not count time frozen
         self._stopped = None  # after freeze(wait=False): whether the child has stopped (``wait_frozen``)
         self._frozen_s = 0.0
@@ -146,10 +153,12 @@ class Child:
             self._namespace = self.proc.pid_namespace()
         self._key = secrets.token_bytes(32)
         self._write("start", self._key.hex())
-        # A judge holds this file's lock through each call with its worker (judge.py); ``pause_calls`` takes it.
-        self._calls_lock = os.open(self.host_paths["/job/ref"] / protocol.CALLS_LOCK,
-                                   os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644) \
-            if role == "judge" and "/job/ref" in self.host_paths else -1
+        # A judge holds this file's lock through each call with its worker, and passes the gate before it
+        # (judge.py); ``pause_calls`` takes both.
+        if role == "judge" and "/job/ref" in self.host_paths:
+            self._calls_lock, self._calls_gate = (
+                os.open(self.host_paths["/job/ref"] / name, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                for name in (protocol.CALLS_LOCK, protocol.CALLS_GATE))
 
     @classmethod
     def spawn(cls, role: str, *, env: dict[str, str], gpu: bool, label: str = "ke", preload: bool = False,
@@ -181,6 +190,10 @@ class Child:
         return self.receive(command, answer, timeout, yields=yields)
 
     def send(self, command: Message) -> None:
+        """Send ``command`` (its answer: ``receive``); while the child is held (``freeze``), once it is thawed."""
+        with self._commands:
+            self._commands.wait_for(lambda: not self.held)
+            self._busy = True
         self._write(type(command).__name__, command.encode().decode())
 
     def receive(self, command: Message, answer: type[Message] | None, timeout: float, *, yields: bool = True,
@@ -190,7 +203,11 @@ class Child:
         command has run ``_SLOW_AFTER_S`` (never for a timing run). ``beside``: children working
         with this one meanwhile (a job's judge and worker), whose prints are drained too."""
         name = type(command).__name__
-        line = self._read_line(name, timeout, yields, beside)
+        try:
+            line = self._read_line(name, timeout, yields, beside)
+        finally:  # answered, or ended
+            with self._commands:
+                self._busy = False
         raw, _, mac = line.rpartition(b"\t")
         text = raw.decode("utf-8", "replace")
         if not hmac.compare_digest(mac, protocol.sign(self._key, text).encode()):  # bytes: any bytes compare
@@ -354,10 +371,20 @@ class Child:
         one be frozen, else with SIGSTOP to each process of its pid namespace. True once none of
         them runs (an ended child's too); False where it cannot be stopped (no isolation, or it
         did not stop: then it runs on). ``wait=False``: only ask, True where asked; ``wait_frozen``
-        then waits (so a timing run asks every child at once, and waits once)."""
+        then waits (so a timing run asks every child at once, and waits once).
+
+        A judge with no command in flight is held instead (``held``: ``send`` waits until ``thaw``),
+        at no cost: it runs only the harness's code, which between commands waits on its stdin with
+        the device synchronised (``runner.settle``). Not before its first answer: a spare makes its
+        CUDA context before it reads a command."""
         self._stopped = None
         if self._closed or self.proc.poll() is not None:
             return True
+        if self.role == "judge":
+            with self._commands:
+                if not self._busy:
+                    self.held = True
+                    return True
         if self._cgroup is not None and self._cgroup.freeze(wait=False):
             self._stopped = self._cgroup.frozen
         elif self._namespace is not None and self._namespace.stop(wait=False) > 0:
@@ -380,6 +407,11 @@ class Child:
         return True
 
     def thaw(self) -> None:
+        if self.held:
+            with self._commands:
+                self.held = False
+                self._commands.notify_all()
+            return
         if self._cgroup is not None:
             self._cgroup.thaw()
         if self._namespace is not None:
@@ -390,11 +422,15 @@ class Child:
 
     def pause_calls(self) -> bool:
         """Keep a judge from starting a call with its worker (see sharing.py); False while one is in
-        flight. Other roles start no calls."""
+        flight (ask again: none starts meanwhile, ``protocol.CALLS_GATE``). Other roles start no
+        calls. ``resume_calls`` undoes it, paused or not."""
         with self._calls_guard:
             if self._calls_lock < 0:
                 return True
             try:
+                if not self._gate_held:  # the judge holds it only for a moment, as it starts a call
+                    fcntl.flock(self._calls_gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    self._gate_held = True
                 fcntl.flock(self._calls_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False
@@ -404,6 +440,8 @@ class Child:
         with self._calls_guard:
             if self._calls_lock >= 0:
                 fcntl.flock(self._calls_lock, fcntl.LOCK_UN)
+                fcntl.flock(self._calls_gate, fcntl.LOCK_UN)
+            self._gate_held = False
 
     def frozen_s(self) -> float:
         """Seconds this child has spent frozen so far: a step's deadline does not count them."""
@@ -444,7 +482,8 @@ class Child:
         with self._calls_guard:
             if self._calls_lock >= 0:
                 os.close(self._calls_lock)
-                self._calls_lock = -1
+                os.close(self._calls_gate)
+                self._calls_lock = self._calls_gate = -1
         if self._namespace is not None:
             self._namespace.kill()  # closes its pidfd (the child is gone by now)
         if self._cgroup is not None:
@@ -513,7 +552,7 @@ class Spares:
         spare's start is a CUDA context, still worth keeping out of a timing run)."""
         with self._lock:
             started = [f.result() for q in self._waiting.values() for f in q if f.done() and f.exception() is None]
-        frozen = [child for child in started if child.freeze()]
+        frozen = freeze_all(started)
         try:
             yield
         finally:

@@ -19,8 +19,12 @@ A timing run waits for the calls in flight to end, up to ``call_wait_s``, and ke
 starting until it is over.
 
 Between its steps a job's children are idle: each command ends with the device synchronised
-(``runner.py``). A child that broke that (a thread of its own, launching on) would slow another
-job's timing, so every other job's child is frozen, busy or not.
+(``runner.py``). A worker that broke that (the candidate's thread, launching on) would slow another
+job's timing, so every other job's worker is stopped, busy or not. A judge runs only the harness's
+code: one between commands waits on its stdin, and is held rather than stopped (``Freezable.held``,
+``children.Child.freeze``): no command reaches it until the timing run is over. That is the price of
+a timing run that its neighbours' idle judges no longer pay (signals to each of their processes, and
+the wait until each has stopped).
 
 This module never starts a process and never touches a device: it only decides who may.
 """
@@ -39,10 +43,13 @@ _CALL_POLL_S = 0.0005
 
 
 class Freezable(Protocol):
+    #: Frozen by a hold, not a stop: an idle child that runs only trusted code starts nothing until thawed.
+    held: bool
+
     def freeze(self, wait: bool = True) -> bool:
-        """Stop every process of the child; True once none runs (stopped, or the child has ended),
-        False where that is not possible here. ``wait=False``: only ask (True where asked), and
-        ``wait_frozen`` waits."""
+        """Stop every process of the child, or hold an idle trusted one (``held``); True once none runs
+        (stopped, held, or the child has ended), False where that is not possible here.
+        ``wait=False``: only ask (True where asked), and ``wait_frozen`` waits."""
 
     def wait_frozen(self) -> bool:
         """After ``freeze(wait=False)``: True once none of the child's processes runs, False (thawed)
@@ -53,10 +60,11 @@ class Freezable(Protocol):
 
     def pause_calls(self) -> bool:
         """Keep the child from starting a call with another process; True once it is in none (then
-        until ``resume_calls``), False while a call of its is still in flight (ask again)."""
+        until ``resume_calls``), False while a call of its is still in flight (ask again: no new one
+        starts meanwhile)."""
 
     def resume_calls(self) -> None:
-        """Let a child paused by ``pause_calls`` start calls again."""
+        """Let a child asked to ``pause_calls`` start calls again (whether it paused or not)."""
 
 
 class DeviceLease:
@@ -65,11 +73,12 @@ class DeviceLease:
     ``register``/``unregister`` keep the live children of every job on the device, so a timing
     run can freeze the others' (``timing(own=...)`` leaves the caller's own children alone).
     ``account()`` says how long the lease has spent in each of its states, ``stragglers``
-    how many untimed steps a timing run has frozen mid-step (their grace ran out), and
-    ``freezing_s`` how much of the timing runs' time went to freezing and thawing other jobs'
-    children (where no cgroup can be frozen, a stop signal to each process of their namespaces), and
-    ``frozen_in_call`` how many children were frozen inside a call all the same (it outlasted
-    ``call_wait_s``).
+    how many untimed steps a timing run has frozen mid-step (their grace ran out), ``freezing_s``
+    how much of the timing runs' time went to freezing and thawing other jobs' children, by part
+    ("waiting for calls", "stopping": where no cgroup can be frozen, a stop signal to each process of
+    their namespaces and the wait until each has stopped, "continuing"), ``stopped`` and ``held``
+    how many children were frozen each way (``Freezable.held``), and ``frozen_in_call`` how many
+    were frozen inside a call all the same (it outlasted ``call_wait_s``).
 
     Args:
         grace_s: how long a timing run waits for an untimed step in flight, counted from the
@@ -77,12 +86,14 @@ class DeviceLease:
         call_wait_s: how long it then waits for the calls in flight to end, at most."""
 
     STATES = ("timing", "draining", "untimed", "idle")
+    FREEZING = ("waiting for calls", "stopping", "continuing")
 
     def __init__(self, grace_s: float = 1.0, call_wait_s: float = 1.0) -> None:
         self.grace_s, self.call_wait_s = grace_s, call_wait_s
         self.stragglers = 0
         self.frozen_in_call = 0
-        self.freezing_s = 0.0
+        self.freezing_s = dict.fromkeys(self.FREEZING, 0.0)
+        self.stopped = self.held = 0
         self._cv = threading.Condition()
         self._untimed = 0
         self._started: dict[int, float] = {}  # each untimed step in flight: when it began
@@ -168,15 +179,20 @@ class DeviceLease:
                 others = [child for child in self._children if not any(child is m for m in mine)]
                 began = time.monotonic()
                 paused = self._pause_calls(others)
-                frozen = _freeze(others)
+                asked = time.monotonic()
+                frozen = freeze_all(others)
                 if not drained and len(frozen) < len(others):  # one cannot be frozen: it must end of itself
                     for child in frozen:
                         child.thaw()
                     self._cv.wait_for(lambda: self._untimed == 0)
-                    frozen = _freeze(others)
+                    asked = time.monotonic()
+                    frozen = freeze_all(others)
                 elif not drained:
                     self.stragglers += self._untimed
-                self.freezing_s += time.monotonic() - began
+                held = sum(child.held for child in frozen)
+                self.held, self.stopped = self.held + held, self.stopped + len(frozen) - held
+                self.freezing_s["waiting for calls"] += asked - began
+                self.freezing_s["stopping"] += time.monotonic() - asked
             except BaseException:
                 for child in paused:
                     child.resume_calls()
@@ -197,16 +213,16 @@ class DeviceLease:
             for child in paused:
                 child.resume_calls()
             with self._cv:
-                self.freezing_s += time.monotonic() - began
+                self.freezing_s["continuing"] += time.monotonic() - began
                 self._tick()
                 self._timing = self._measuring = False
                 self._cv.notify_all()
 
     def _pause_calls(self, children: list[Freezable]) -> list[Freezable]:
         """Pause every child's calls (under the lock, which it lets go while it waits), waiting up to
-        ``call_wait_s`` for those in flight to end; returns the paused. A child still in a call then
-        is frozen in it all the same (``frozen_in_call``): a call may hang, and a hung sample must
-        cost the others no more than this wait."""
+        ``call_wait_s`` for those in flight to end; returns the children to resume. A child still in a
+        call then is frozen in it all the same (``frozen_in_call``): a call may hang, and a hung sample
+        must cost the others no more than this wait."""
         paused, waiting = [], list(children)
         deadline = time.monotonic() + self.call_wait_s
         while True:
@@ -218,7 +234,7 @@ class DeviceLease:
                 break
             self._cv.wait(timeout=_CALL_POLL_S)
         self.frozen_in_call += len(waiting)
-        return paused
+        return paused + waiting
 
     def register(self, child: Freezable) -> None:
         """A live child of a job on this device: frozen by other jobs' timing runs until ``unregister``."""
@@ -230,7 +246,7 @@ class DeviceLease:
             self._children = [c for c in self._children if c is not child]
 
 
-def _freeze(children: list[Freezable]) -> list[Freezable]:
+def freeze_all(children: Iterable[Freezable]) -> list[Freezable]:
     """Freeze ``children``, every one asked before any is waited for; returns those frozen."""
     asked = [child for child in children if child.freeze(wait=False)]
     return [child for child in asked if child.wait_frozen()]

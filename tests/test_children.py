@@ -91,7 +91,7 @@ def test_a_child_sees_its_own_job_directories_and_nothing_of_other_jobs():
         child.discard()
     finally:
         other.discard()
-    assert sorted(facts["ref"]) == [protocol.CALLS_LOCK, "mine"] and facts["snapshot"] == [] and facts["hunt"] == [], facts
+    assert sorted(facts["ref"]) == [protocol.CALLS_GATE, protocol.CALLS_LOCK, "mine"] and facts["snapshot"] == [] and facts["hunt"] == [], facts
     assert facts["jobs"] != "done" and facts["write jobs"] != "done", facts
 
 

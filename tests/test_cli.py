@@ -321,6 +321,9 @@ def test_run_task_solution_piped_prints_its_phases_and_lines_whole_at_80_columns
                   "--language", "triton", "--device", "cpu", home=tmp_path, columns=80)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stderr.splitlines()
+    still = [line for line in lines if re.match(r"^\[ *\d+\.\d s\]   still ", line)]  # QUIET_S without a line
+    assert all(re.search(r" \(\d+ s( into verifying and timing)?\)$", line) for line in still), still
+    lines = [line for line in lines if line not in still]
     phases = [line for line in lines if not re.match(r"^\[ *\d+\.\d s\]   ", line)]
     assert [re.sub(r"^\[ *\d+\.\d s\] ([a-z ]+?)(:| in).*", r"\1", line) for line in phases] == \
         ["setting up", "building", "verifying and timing", "done"], result.stderr
@@ -340,6 +343,25 @@ def test_run_task_solution_piped_prints_its_phases_and_lines_whole_at_80_columns
     table = lines[lines.index(next(line for line in lines if line.startswith("file/relu_add_4k"))):]
     assert max(map(len, table)) <= 80, "\n".join(table)
     assert re.fullmatch(r"yes +1 +\d+\.\d{4} +\d+\.\d{4} +\d+\.\d{4} +[\d.e-]+x +[\d.e-]+x", table[-1].strip()), table
+
+
+def test_a_phase_in_a_log_is_never_silent_for_longer_than_its_quiet_time(capsys, monkeypatch):
+    """In a log (no terminal), a phase that says nothing for ``Phases.QUIET_S`` gets a ``still ...`` line
+    naming what it was last said to be doing, and one more each ``QUIET_S`` after; a line of its own
+    resets the count."""
+    from kernel_env.cli.common import Phases
+
+    monkeypatch.setattr(Phases, "QUIET_S", 0.6)
+    with Phases() as phases:
+        phases.start("building", "the cpp solution")
+        time.sleep(1.5)
+        phases.step("judge: RefTrials")
+        time.sleep(0.3)
+    lines = capsys.readouterr().err.splitlines()
+    said = [re.sub(r"^\[ *\d+\.\d s\] ", "", line) for line in lines]
+    assert said[0] == "building: the cpp solution" and said[-1] == "  judge: RefTrials", said
+    still = said[1:-1]  # about two (at 0.6 s and 1.2 s), however late a loaded machine runs the ticker
+    assert 1 <= len(still) <= 3 and all(re.fullmatch(r"  still building \(\d s\)", line) for line in still), said
 
 
 @pytest.mark.parametrize("terminal", [True, False])

@@ -30,7 +30,7 @@ class _Child:
 
     def __init__(self, freezes: bool = True, in_call_until: float = 0.0):
         self.freezes, self.frozen, self.in_call_until = freezes, False, in_call_until
-        self.paused = self.frozen_in_call = False
+        self.paused = self.frozen_in_call = self.held = False
 
     def freeze(self, wait: bool = True) -> bool:
         self.frozen = self.freezes
@@ -48,7 +48,6 @@ class _Child:
         return self.paused
 
     def resume_calls(self) -> None:
-        assert self.paused, "resumed a child that was not paused"
         self.paused = False
 
 
@@ -165,25 +164,47 @@ def test_a_timing_run_freezes_no_child_inside_a_call_with_its_worker():
     assert 0.9 <= waited < 2.0 and lease.frozen_in_call == 1, waited
 
 
-def test_a_judge_s_calls_lock_pauses_it_between_calls():
-    """The judge's side of the pause, as the judge takes it around each call on a GPU (judge.py): while
-    another open file holds the lock (a call in flight) the pause waits; once it is paused, the judge's
-    next call waits for ``resume_calls``."""
+def test_a_judge_s_back_to_back_calls_are_paused_within_one_call():
+    """The judge's side of the pause, as judge.py takes it around each call on a GPU: it passes the gate
+    (``protocol.CALLS_GATE``), holds the calls lock through the call, and starts the next one at once. A
+    timing run's pause waits for the call in flight and no longer, and no call starts until
+    ``resume_calls``. (Without the gate its tries fell between two calls of a step, a moment each, and
+    it waited out the step: 31-36 s of a 128-episode run on an H100.)"""
     import fcntl
 
     child = Child.spawn("judge", env={}, gpu=False, label="test-freeze")
+    stop, calls = threading.Event(), [0]
+    gate, lock = (os.open(child.host_paths["/job/ref"] / name, os.O_RDONLY)
+                  for name in (protocol.CALLS_GATE, protocol.CALLS_LOCK))
+
+    def judge() -> None:
+        while not stop.is_set():
+            fcntl.flock(gate, fcntl.LOCK_SH)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+            time.sleep(0.005)  # the call
+            calls[0] += 1
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+    calling = threading.Thread(target=judge, daemon=True)
     try:
-        judge_side = os.open(child.host_paths["/job/ref"] / protocol.CALLS_LOCK, os.O_RDONLY)
-        fcntl.flock(judge_side, fcntl.LOCK_EX)  # a call in flight
-        assert not child.pause_calls()
-        fcntl.flock(judge_side, fcntl.LOCK_UN)  # it ended
-        assert child.pause_calls()
-        with pytest.raises(BlockingIOError):  # the next call cannot start
-            fcntl.flock(judge_side, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        calling.start()
+        time.sleep(0.05)
+        asked = time.monotonic()
+        while not child.pause_calls():
+            time.sleep(0.0005)
+        waited, made = time.monotonic() - asked, calls[0]
+        assert waited < 0.05, f"the pause waited {waited:.3f} s for calls of 0.005 s"
+        time.sleep(0.1)
+        assert calls[0] == made, "a call started while the judge was paused"
         child.resume_calls()
-        fcntl.flock(judge_side, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.close(judge_side)
+        time.sleep(0.1)
+        assert calls[0] > made, "the judge did not call again once resumed"
     finally:
+        stop.set()
+        calling.join(5)
+        os.close(gate)
+        os.close(lock)
         child.discard()
     worker = Child.spawn("worker", env={}, gpu=False, label="test-freeze")
     try:
@@ -192,18 +213,22 @@ def test_a_judge_s_calls_lock_pauses_it_between_calls():
         worker.discard()
 
 
+def _small_setup(child: Child) -> Setup:
+    return Setup(device="cpu", out_dir=child.path("/job/ref"),
+                 task_code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10"))
+
+
 def test_a_frozen_child_answers_only_once_thawed_and_its_deadline_does_not_count_the_time_frozen():
     child = Child.spawn("judge", env={}, gpu=False, label="test-freeze")
     try:
-        child.call(Setup(device="cpu", out_dir=child.path("/job/ref"),
-                         task_code=(example_dir() / "task.py").read_text().replace("1 << 24", "1 << 10")), None, 120)
-        if not child.freeze():
+        if not child.freeze():  # before its first answer: stopped, not held
             pytest.skip("nothing here can stop a child: no freezable cgroup and no pid namespace (bubblewrap)")
+        assert not child.held
         answered, raised = threading.Event(), []
 
         def ask() -> None:
             try:
-                child.call(RefInit(init_seed=1), None, 3.0)  # a deadline shorter than the time it is held frozen
+                child.call(_small_setup(child), None, 3.0)  # a deadline shorter than the time it is held frozen
                 answered.set()
             except Exception as exc:  # noqa: BLE001 - the test says what it was
                 raised.append(exc)
@@ -218,6 +243,43 @@ def test_a_frozen_child_answers_only_once_thawed_and_its_deadline_does_not_count
         worker.join(5)
     finally:
         child.discard()
+
+
+def test_an_idle_judge_is_held_not_stopped_and_a_command_to_it_waits_for_the_thaw():
+    """A judge between commands runs only the harness's code, waiting on its stdin: a timing run holds
+    it (``Child.held``: nothing to signal, nothing to wait for) and a command sent meanwhile waits until
+    the thaw. A judge inside a command and a worker are stopped, idle or not."""
+    judge = Child.spawn("judge", env={}, gpu=False, label="test-freeze")
+    worker = Child.spawn("worker", env={}, gpu=False, label="test-freeze")
+    try:
+        if judge._namespace is None and judge._cgroup is None:
+            pytest.skip("nothing here can stop a child: no freezable cgroup and no pid namespace (bubblewrap)")
+        spin = "import time\nend = time.monotonic() + 2\nwhile time.monotonic() < end:\n    pass\n"
+        setup = threading.Thread(target=judge.call, args=(Setup(device="cpu", out_dir=judge.path("/job/ref"),
+                                                                 task_code=spin + _small_setup(judge).task_code), None, 120))
+        setup.start()
+        time.sleep(0.5)
+        assert judge.freeze() and not judge.held, "a judge inside a command was not stopped"
+        before = _cpu_ticks(judge)
+        time.sleep(0.3)
+        assert _cpu_ticks(judge) == before
+        judge.thaw()
+        setup.join(60)
+        assert judge.freeze() and judge.held, "an idle judge was stopped, not held"
+        assert "T" not in {Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] for pid in _pids(judge)}
+        answered = threading.Event()
+        asking = threading.Thread(target=lambda: (judge.call(RefInit(init_seed=1), None, 60), answered.set()))
+        asking.start()
+        assert not answered.wait(0.5), "a held judge was sent a command"
+        judge.thaw()
+        assert answered.wait(60) and not judge.held
+        asking.join(5)
+        worker.call(Setup(device="cpu", out_dir=worker.path("/job/cand"), task_code=_small_setup(judge).task_code), None, 120)
+        assert worker.freeze() and not worker.held, "an idle worker was held: the candidate's code may run on there"
+        worker.thaw()
+    finally:
+        judge.discard()
+        worker.discard()
 
 
 def _untimed_step(lease: DeviceLease, seconds: float) -> threading.Thread:
@@ -444,9 +506,9 @@ def test_without_a_freezable_cgroup_a_child_is_stopped_by_signal():
 
 @pytest.mark.parametrize("by", ["cgroup", "signal"])
 def test_a_timing_run_asks_every_child_to_stop_before_it_waits_for_any(by):
-    """Three real children frozen at once (``sharing._freeze``: each asked, then each waited for), by
+    """Three real children frozen at once (``sharing.freeze_all``: each asked, then each waited for), by
     their cgroups or by signals: all stopped before the run, all running again after."""
-    from kernel_env.evaluators.sharing import _freeze
+    from kernel_env.evaluators.sharing import freeze_all
 
     children = [Child.spawn("judge", env={}, gpu=False, label="test-freeze") for _ in range(3)]
     cgroups = [child._cgroup for child in children]
@@ -456,7 +518,7 @@ def test_a_timing_run_asks_every_child_to_stop_before_it_waits_for_any(by):
                 child._cgroup = None
         if (by == "cgroup" and None in cgroups) or (by == "signal" and children[0]._namespace is None):
             pytest.skip(f"nothing here stops a child by {by}")
-        assert _freeze(children) == children
+        assert freeze_all(children) == children
         for child in children:
             if by == "signal":
                 states = {Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] for pid in _pids(child)}

@@ -103,6 +103,7 @@ class Judge:
             # Held through each call: another job's timing run freezes this job between calls, never inside
             # one, where the two processes' streams wait on each other (evaluators/sharing.py).
             self.calls_lock = os.open(reference.out_dir / protocol.CALLS_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+            self.calls_gate = os.open(reference.out_dir / protocol.CALLS_GATE, os.O_RDONLY | os.O_CLOEXEC)
             self.stream = torch.cuda.current_stream(self.device)
             self.gate = torch.zeros(1, dtype=torch.int32, pin_memory=True)
             self.gate_address = self.memory.host_pointer(self.gate)
@@ -265,7 +266,9 @@ class Judge:
         k = self._k
         go = Go(k=k, layout=layout.number, values=values)
         if self.cuda:
+            fcntl.flock(self.calls_gate, fcntl.LOCK_SH)  # waits while a timing run holds the gate (protocol.CALLS_GATE)
             fcntl.flock(self.calls_lock, fcntl.LOCK_EX)
+            fcntl.flock(self.calls_gate, fcntl.LOCK_UN)
             try:
                 (raw_ms, done, got), inputs = self._call_cuda(go, staging, layout), layout.inputs
             finally:

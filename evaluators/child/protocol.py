@@ -45,8 +45,12 @@ MAX_MESSAGE = 4 << 20
 #: The file in the judge's job folder (``Setup.out_dir``) whose lock the judge holds through each call with
 #: its worker on a GPU, and another job's timing run takes to pause its calls (evaluators/sharing.py).
 CALLS_LOCK = "calls.lock"
+#: Beside it, the gate the judge passes (a shared lock, let go once it holds ``CALLS_LOCK``) before each call,
+#: and that timing run holds first: the judge starts no call while the run waits for the one in flight, so the
+#: run waits for one call at most, never for a gap in a step's back-to-back calls.
+CALLS_GATE = "calls.gate"
 #: Bumped whenever a change to the judge's clock changes what a timing means; part of the baseline cache key.
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 _json_dumps, _json_loads = json.dumps, json.loads
 
 

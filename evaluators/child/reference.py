@@ -44,7 +44,8 @@ class Reference:
         self.threads = torch.get_num_threads()
         #: per model, the host's time to launch a forward (``timed_call``): the last one's, at least half the one before
         self._launch_s: dict[int, float] = {}
-        self._cycles_per_s: float | None = None  # the device's clock, for ``_preroll``
+        self._cycles_per_s: float | None = None  # the device's clock, for ``_preroll``: the fastest measured
+        self._host_bound: set[int] = set()  # models whose forward waits on the host for its device work
         self.mutates_inputs = False  # the Model modifies its inputs in place (seen in its trials)
         #: Per trial: its seed and variant, and the Model's outputs (whether a sequence; the float32 run's).
         self.trials: list[dict] = []
@@ -198,38 +199,60 @@ class Reference:
         GPU the device is kept busy (``_preroll``) until the host has launched the whole forward, so
         the time is the device's, as a worker's call is timed (queued ahead of its start): not the
         host's launches, which a slow host or a compiled model's guards otherwise put into a small
-        kernel's time several times over."""
-        args = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs] if self.mutates_inputs else inputs
+        kernel's time several times over.
+
+        That it was is checked, not assumed: a call whose start the device reached before the host had
+        launched the whole forward (a slow host, or a clock that ran faster than when it was measured)
+        is made again, once, with the clock measured anew and four times the spin. A forward that
+        still is not (it waits on the host for its own device work) is timed as it runs from then on."""
+        def fresh() -> list:
+            return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs] if self.mutates_inputs else inputs
+
         with torch.no_grad():
-            if self.device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if self.device.type != "cuda":
+                args = fresh()
+                flush.bitwise_not_()
+                began = time.perf_counter_ns()
+                model(*args)
+                return (time.perf_counter_ns() - began) / 1e6
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for spin in (1, 4):
+                args = fresh()
                 launch_s = self._launch_s.get(id(model), 1e-3)
-                self._preroll(launch_s)
+                self._preroll(spin * launch_s)
                 flush.bitwise_not_()
                 start.record()
                 launching = time.perf_counter()
                 model(*args)
                 self._launch_s[id(model)] = max(time.perf_counter() - launching, launch_s / 2)
+                ahead = not start.query()  # the device had not reached the forward when its last launch was queued
                 end.record()
                 end.synchronize()
-                return start.elapsed_time(end)
-            flush.bitwise_not_()
-            began = time.perf_counter_ns()
-            model(*args)
-            return (time.perf_counter_ns() - began) / 1e6
+                if ahead or id(model) in self._host_bound:
+                    break
+                if spin > 1:
+                    self._host_bound.add(id(model))
+                self._measure_clock()
+            return start.elapsed_time(end)
 
     def _preroll(self, launch_s: float) -> None:
         """A kernel that spins on the device for three times the time the forward's launches took lately
         (a forward that waits on the host for its device work only ends the spin sooner)."""
         if self._cycles_per_s is None:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.cuda._sleep(1 << 20)
-            end.record()
-            end.synchronize()
-            self._cycles_per_s = (1 << 20) / max(start.elapsed_time(end) / 1e3, 1e-6)
+            self._measure_clock()
         seconds = min(3 * launch_s + 50e-6, _PREROLL_MAX_S)
         torch.cuda._sleep(int(seconds * self._cycles_per_s))
+
+    def _measure_clock(self) -> None:
+        """The device's cycles per second, as ``torch.cuda._sleep`` counts them: the fastest measured so
+        far (a device idle until now may still be at a low clock, which would shorten every later spin)."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(1 << 20)
+        end.record()
+        end.synchronize()
+        measured = (1 << 20) / max(start.elapsed_time(end) / 1e3, 1e-6)
+        self._cycles_per_s = max(self._cycles_per_s or 0.0, measured)
 
     def compiled(self):
         """torch.compile of the Model, made once (it compiles at its first call)."""

@@ -166,7 +166,8 @@ class Phases:
 
     On a terminal: a live line (a spinner, the phase, its time so far) and, as each phase ends,
     a line with its time. Elsewhere (a log): a plain line as each phase starts, stamped with the
-    seconds since the job started (``stamped``). ``quiet`` shows nothing (``--json``).
+    seconds since the job started (``stamped``), and one every ``QUIET_S`` seconds that nothing else
+    is said (``still ...``), so no phase is silent longer. ``quiet`` shows nothing (``--json``).
     ``seconds`` holds each finished phase's time, for the caller's summary::
 
         with Phases(quiet=as_json) as phases:
@@ -174,6 +175,9 @@ class Phases:
             ...
             phases.start("building")
     """
+
+    #: In a log, the longest a phase goes without a line.
+    QUIET_S = 5.0
 
     def __init__(self, *, quiet: bool = False):
         self.quiet = quiet
@@ -186,17 +190,37 @@ class Phases:
         self._bar = None
         self._phase: str | None = None
         self._lock = threading.Lock()
-        self.started = self._phase_started = time.monotonic()
+        self.started = self._phase_started = self._said = time.monotonic()
+        self._doing = ""  # what the last line said is going on (the phase, or its step)
+        self._done = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, daemon=True, name="kernel_env-phases")
 
     def __enter__(self) -> Phases:
-        self.started = self._phase_started = time.monotonic()
+        self.started = self._phase_started = self._said = time.monotonic()
         self._progress.start()
+        if not self.quiet and not self._live:
+            self._ticker.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._done.set()
         with self._lock:
             self._end_phase(failed=exc[0] is not None)
         self._progress.stop()
+
+    def _tick(self) -> None:
+        """In a log: a ``still ...`` line once nothing has been said for ``QUIET_S`` seconds."""
+        while not self._done.wait(min(0.5, self.QUIET_S / 4)):
+            with self._lock:
+                now = time.monotonic()
+                if self._phase is not None and now - self._said >= self.QUIET_S:
+                    into = "" if self._doing == self._phase else f" into {self._phase}"
+                    self._print(f"  still {self._doing} ({now - self._phase_started:.0f} s{into})")
+
+    def _print(self, line: str) -> None:
+        """A stamped line in the log (under the lock)."""
+        err.print(escape(stamped(self.elapsed, line)), soft_wrap=True)
+        self._said = time.monotonic()
 
     @property
     def elapsed(self) -> float:
@@ -209,13 +233,14 @@ class Phases:
             self._end_phase()
             self._phase, self._phase_started = phase, time.monotonic()
             line = f"{phase}: {detail}" if detail else phase
+            self._doing = phase
             if self._live:
                 if self._bar is None:
                     self._bar = self._progress.add_task(escape(line), total=None)
                 else:
                     self._progress.reset(self._bar, description=escape(line))
             elif not self.quiet:
-                err.print(escape(stamped(self.elapsed, line)), soft_wrap=True)
+                self._print(line)
 
     def step(self, text: str) -> None:
         """What the current phase is doing now (plain text): the live line's on a terminal, else an
@@ -223,10 +248,11 @@ class Phases:
         with self._lock:
             if self.quiet or self._phase is None:
                 return
+            self._doing = text
             if self._live:
                 self._progress.reset(self._bar, description=escape(f"{self._phase}: {text}"))
             else:
-                err.print(escape(stamped(self.elapsed, f"  {text}")), soft_wrap=True)
+                self._print(f"  {text}")
 
     def summary(self) -> str:
         """Each finished phase and its time: ``setting up 1.8 s, building 38.4 s``."""
@@ -236,7 +262,11 @@ class Phases:
         """A line beside the phases (plain text): stamped in a log, above the live line on a terminal."""
         if self.quiet:
             return
-        err.print(escape(line if self._live else stamped(self.elapsed, line)), soft_wrap=True)
+        with self._lock:
+            if self._live:
+                err.print(escape(line), soft_wrap=True)
+            else:
+                self._print(line)
 
     def _end_phase(self, *, failed: bool = False) -> None:
         if self._phase is None:

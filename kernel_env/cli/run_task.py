@@ -206,15 +206,15 @@ def _run_solution(task: Task, solution: Path, *, language: str, sandbox: str, de
                 episode.close(keep_workspace=False)
     except (EpisodeError, SandboxError) as exc:
         fail(f"task {task.id}: {exc}")
+    if build.ok and not as_json:  # the build's last line, before the verdict (a failed build's output is in the report)
+        last = build.output.strip().splitlines()[-1] if build.output.strip() else "ok"
+        out.print(f"[dim]build: {escape(last)}[/]", soft_wrap=True)
     phases.note(f"done in {phases.elapsed:.1f} s: {verdict(build, result)}, reward "
                 f"{'—' if result.reward is None else f'{result.reward:g}'} ({phases.summary()})")
     if as_json:
         # One object on one line: the contract is that the last line of output is the result.
         sys.stdout.write(json.dumps(solution_record(build, result)) + "\n")
     else:
-        if build.ok:  # a failed build's output is in the report
-            last = build.output.strip().splitlines()[-1] if build.output.strip() else "ok"
-            out.print(f"[dim]build: {escape(last)}[/]", soft_wrap=True)
         out.print(escape(model_report(result)))
         render_result_table(result)
     if result.fault == "evaluator":
