@@ -203,11 +203,9 @@ class Child:
         command has run ``_SLOW_AFTER_S`` (never for a timing run). ``beside``: children working
         with this one meanwhile (a job's judge and worker), whose prints are drained too."""
         name = type(command).__name__
-        try:
-            line = self._read_line(name, timeout, yields, beside)
-        finally:  # answered, or ended
-            with self._commands:
-                self._busy = False
+        line = self._read_line(name, timeout, yields, beside)
+        with self._commands:  # it answered: waiting on its stdin again (a child that did not may run on)
+            self._busy = False
         raw, _, mac = line.rpartition(b"\t")
         text = raw.decode("utf-8", "replace")
         if not hmac.compare_digest(mac, protocol.sign(self._key, text).encode()):  # bytes: any bytes compare

@@ -22,9 +22,8 @@ Between its steps a job's children are idle: each command ends with the device s
 (``runner.py``). A worker that broke that (the candidate's thread, launching on) would slow another
 job's timing, so every other job's worker is stopped, busy or not. A judge runs only the harness's
 code: one between commands waits on its stdin, and is held rather than stopped (``Freezable.held``,
-``children.Child.freeze``): no command reaches it until the timing run is over. That is the price of
-a timing run that its neighbours' idle judges no longer pay (signals to each of their processes, and
-the wait until each has stopped).
+``children.Child.freeze``): no command reaches it until the timing run is over, and it costs the run
+nothing (no signal to each of its processes, no wait until each has stopped).
 
 This module never starts a process and never touches a device: it only decides who may.
 """
@@ -168,7 +167,7 @@ class DeviceLease:
             own: the caller's own children, left running.
             drain: wait for every untimed step in flight to end, however long (a run made again
                 because another process's kernel held the device)."""
-        mine, claimed, paused = list(own), False, []
+        mine, claimed, paused, frozen = list(own), False, [], []
         with self._cv:
             self._tick()
             self._waiting += 1
@@ -184,7 +183,11 @@ class DeviceLease:
                 if not drained and len(frozen) < len(others):  # one cannot be frozen: it must end of itself
                     for child in frozen:
                         child.thaw()
+                    for child in paused:  # its step's calls must go on for it to end
+                        child.resume_calls()
+                    frozen, paused = [], []
                     self._cv.wait_for(lambda: self._untimed == 0)
+                    paused = self._pause_calls(others)
                     asked = time.monotonic()
                     frozen = freeze_all(others)
                 elif not drained:
@@ -194,6 +197,8 @@ class DeviceLease:
                 self.freezing_s["waiting for calls"] += asked - began
                 self.freezing_s["stopping"] += time.monotonic() - asked
             except BaseException:
+                for child in frozen:
+                    child.thaw()
                 for child in paused:
                     child.resume_calls()
                 if claimed:
@@ -225,14 +230,19 @@ class DeviceLease:
         must cost the others no more than this wait."""
         paused, waiting = [], list(children)
         deadline = time.monotonic() + self.call_wait_s
-        while True:
-            still = []
-            for child in waiting:
-                (paused if child.pause_calls() else still).append(child)
-            waiting = still
-            if not waiting or time.monotonic() >= deadline:
-                break
-            self._cv.wait(timeout=_CALL_POLL_S)
+        try:
+            while True:
+                still = []
+                for child in waiting:
+                    (paused if child.pause_calls() else still).append(child)
+                waiting = still
+                if not waiting or time.monotonic() >= deadline:
+                    break
+                self._cv.wait(timeout=_CALL_POLL_S)
+        except BaseException:  # a child asked holds its gate until resumed, paused or not
+            for child in children:
+                child.resume_calls()
+            raise
         self.frozen_in_call += len(waiting)
         return paused + waiting
 
@@ -248,5 +258,13 @@ class DeviceLease:
 
 def freeze_all(children: Iterable[Freezable]) -> list[Freezable]:
     """Freeze ``children``, every one asked before any is waited for; returns those frozen."""
-    asked = [child for child in children if child.freeze(wait=False)]
-    return [child for child in asked if child.wait_frozen()]
+    asked = []
+    try:
+        for child in children:
+            if child.freeze(wait=False):
+                asked.append(child)
+        return [child for child in asked if child.wait_frozen()]
+    except BaseException:
+        for child in asked:
+            child.thaw()
+        raise

@@ -191,7 +191,7 @@ def test_a_judge_s_back_to_back_calls_are_paused_within_one_call():
         calling.start()
         time.sleep(0.05)
         asked = time.monotonic()
-        while not child.pause_calls():
+        while not child.pause_calls() and time.monotonic() < asked + 5:
             time.sleep(0.0005)
         waited, made = time.monotonic() - asked, calls[0]
         assert waited < 0.05, f"the pause waited {waited:.3f} s for calls of 0.005 s"
@@ -254,6 +254,7 @@ def test_an_idle_judge_is_held_not_stopped_and_a_command_to_it_waits_for_the_tha
     try:
         if judge._namespace is None and judge._cgroup is None:
             pytest.skip("nothing here can stop a child: no freezable cgroup and no pid namespace (bubblewrap)")
+        judge.call(_small_setup(judge), None, 120)  # answered: a later command is what must make it busy again
         spin = "import time\nend = time.monotonic() + 2\nwhile time.monotonic() < end:\n    pass\n"
         setup = threading.Thread(target=judge.call, args=(Setup(device="cpu", out_dir=judge.path("/job/ref"),
                                                                  task_code=spin + _small_setup(judge).task_code), None, 120))
@@ -280,6 +281,30 @@ def test_an_idle_judge_is_held_not_stopped_and_a_command_to_it_waits_for_the_tha
     finally:
         judge.discard()
         worker.discard()
+
+
+def test_a_judge_frozen_inside_a_call_that_outlasted_the_wait_gets_its_gate_back():
+    """A call that hangs past ``call_wait_s`` is frozen in it all the same; the judge's gate, which the
+    timing run took to keep it from starting another call, is let go with the run, or the judge could
+    never start a call again."""
+    import fcntl
+
+    child = Child.spawn("judge", env={}, gpu=False, label="test-freeze")
+    gate, lock = (os.open(child.host_paths["/job/ref"] / name, os.O_RDONLY)
+                  for name in (protocol.CALLS_GATE, protocol.CALLS_LOCK))
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the judge's side: a call in flight, and hung
+        lease = DeviceLease(grace_s=0.0, call_wait_s=0.2)
+        lease.register(child)
+        with lease.timing():
+            with pytest.raises(BlockingIOError):  # no new call could start meanwhile
+                fcntl.flock(gate, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        assert lease.frozen_in_call == 1
+        fcntl.flock(gate, fcntl.LOCK_SH | fcntl.LOCK_NB)  # and now one can
+    finally:
+        os.close(gate)
+        os.close(lock)
+        child.discard()
 
 
 def _untimed_step(lease: DeviceLease, seconds: float) -> threading.Thread:

@@ -204,7 +204,8 @@ class Reference:
         That it was is checked, not assumed: a call whose start the device reached before the host had
         launched the whole forward (a slow host, or a clock that ran faster than when it was measured)
         is made again, once, with the clock measured anew and four times the spin. A forward that
-        still is not (it waits on the host for its own device work) is timed as it runs from then on."""
+        still is not (it waits on the host for its own device work) is timed as it runs, without that
+        second try, until a call of it is queued ahead again."""
         def fresh() -> list:
             return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs] if self.mutates_inputs else inputs
 
@@ -228,10 +229,12 @@ class Reference:
                 ahead = not start.query()  # the device had not reached the forward when its last launch was queued
                 end.record()
                 end.synchronize()
-                if ahead or id(model) in self._host_bound:
+                if ahead:
+                    self._host_bound.discard(id(model))
                     break
-                if spin > 1:
-                    self._host_bound.add(id(model))
+                if spin > 1 or id(model) in self._host_bound:
+                    self._host_bound.add(id(model))  # twice in a row: it waits on the host, until a call is ahead
+                    break
                 self._measure_clock()
             return start.elapsed_time(end)
 

@@ -193,13 +193,13 @@ class Phases:
         self.started = self._phase_started = self._said = time.monotonic()
         self._doing = ""  # what the last line said is going on (the phase, or its step)
         self._done = threading.Event()
-        self._ticker = threading.Thread(target=self._tick, daemon=True, name="kernel_env-phases")
 
     def __enter__(self) -> Phases:
         self.started = self._phase_started = self._said = time.monotonic()
         self._progress.start()
+        self._done.clear()
         if not self.quiet and not self._live:
-            self._ticker.start()
+            threading.Thread(target=self._tick, daemon=True, name="kernel_env-phases").start()
         return self
 
     def __exit__(self, *exc: object) -> None:
