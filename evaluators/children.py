@@ -102,7 +102,6 @@ class Child:
         self.paths = {target: target if self.isolated else str(source) for target, source in self.host_paths.items()}
         self._closed = False
         self._calls_lock = self._calls_gate = -1  # a judge's (see pause_calls), opened once it runs
-        self._gate_held = False
         self._calls_guard = threading.Lock()  # the lease's thread pauses while the job's may close
         # A command in flight (sent, its answer not yet read), or the start; see freeze() and ``held``.
         self._commands = threading.Condition()
@@ -426,9 +425,9 @@ class Child:
             if self._calls_lock < 0:
                 return True
             try:
-                if not self._gate_held:  # the judge holds it only for a moment, as it starts a call
-                    fcntl.flock(self._calls_gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    self._gate_held = True
+                # The judge holds the gate only for a moment, as it starts a call; taking it again once held
+                # is a no-op (flock converts a descriptor's own lock).
+                fcntl.flock(self._calls_gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 fcntl.flock(self._calls_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False
@@ -439,7 +438,6 @@ class Child:
             if self._calls_lock >= 0:
                 fcntl.flock(self._calls_lock, fcntl.LOCK_UN)
                 fcntl.flock(self._calls_gate, fcntl.LOCK_UN)
-            self._gate_held = False
 
     def frozen_s(self) -> float:
         """Seconds this child has spent frozen so far: a step's deadline does not count them."""
