@@ -373,8 +373,9 @@ class _Script:
         # Room for a few times what it must hold (the weights and init inputs): a candidate filling the
         # host's disk is ended, as its own fault.
         worker.quota = (_JOB_FOLDER_FLOOR + _JOB_FOLDER_MULTIPLE * _folder_bytes(cand_dir), _JOB_FOLDER_FILES)
+        # On a GPU the load ends with a first forward (worker.Worker._first_forward): a trial's worth.
         loaded = jb.ask(worker, self.load(worker, "candidate"), LoadAnswer, "loading ModelNew",
-                        timeout=jb.bound("judge: Setup", "judge: RefInit"))
+                        timeout=jb.bound("judge: Setup", "judge: RefInit", result.steps_s.get("judge: RefTrials", 0.0) / s.trials))
         if loaded.error:
             jb.fail(loaded.error, log=worker.log_tail())
         if loaded.shape_mismatch:

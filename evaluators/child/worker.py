@@ -138,8 +138,39 @@ class Worker:
         self.model = torch.compile(model) if req.kind == "compile" else model
         if self.integrity is not None:
             self.integrity.accept("the worker", "model")
+        if self.cuda:
+            fault = self._first_forward()
+            if fault is not None:
+                return LoadAnswer(error=fault)
         return LoadAnswer(loaded_weights=sorted(matched), shape_mismatch=mismatched,
                           missing_weights=sorted(k for k in reference_state if k not in own))
+
+    def _first_forward(self) -> str | None:
+        """(A GPU.) The model's first forward, on inputs this process draws itself (the task's
+        ``get_inputs()``, on a seed of its own), before any call. A first forward does what no later
+        one does: Triton compiles its kernels (or an autotuner times its configurations), torch.compile
+        traces, a library makes its handles. Inside the judge's first call that work would hold the
+        judge's calls lock (protocol.CALLS_LOCK) for as long, and every other job's timing run on the
+        device would wait for it; here it is part of this untimed step. Nothing of it is judged or
+        kept: the trials decide, and a forward that fails here fails there with its own message.
+        Returns None, or the error where the device faulted (this process's context is lost)."""
+        torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        try:
+            with torch.device(self.device):
+                inputs = self.task["get_inputs"]()
+            inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+            with torch.no_grad():
+                if self.audit:  # under the audit, as every call of a candidate's runs
+                    self.ops.audited(self, inputs)
+                else:
+                    self.model(*inputs)
+        except BaseException:  # the trials meet it again, and report it
+            pass
+        try:
+            torch.cuda.synchronize(self.device)
+        except BaseException as exc:
+            return trimmed("ModelNew.forward (on the device, a first call before the trials)", exc)
+        return None
 
     def _candidate(self, snapshot: Path, init: list, init_seed: int):
         """ModelNew built from the snapshot, or why not (a string)."""

@@ -122,6 +122,18 @@ def test_a_forward_that_waits_on_the_host_is_correct_and_timed(pool, tmp_path):
     assert synced.runtime_ms >= fused.runtime_ms, (synced.runtime_ms, fused.runtime_ms)
 
 
+def test_a_slow_first_forward_runs_in_the_load_and_no_call_holds_it(pool, tmp_path):
+    """A first forward that takes seconds (a Triton autotuner, a large kernel's compile: here a 2 s
+    sleep) is made in the worker's load, on inputs of its own (``worker.Worker._first_forward``):
+    each of the judge's calls holds its calls lock, which every other job's timing run waits for, so
+    no call may carry it. The candidate is judged as ever, on the judge's trials."""
+    first_forward_s = 2.0  # solutions/slow_first_forward.py's sleep
+    result = _evaluate(pool, RELU_ADD_1M, _triton_solution(tmp_path, "slow_first_forward"), mode=Mode.VERIFY)
+    assert result.correct and not result.violations, result.summary()
+    assert result.steps_s["worker: Load"] >= first_forward_s, result.steps_s
+    assert result.steps_s["candidate: trials"] < first_forward_s, result.steps_s
+
+
 def test_the_judges_time_of_a_kernel_is_near_do_bench(pool, tmp_path):
     """The fused relu(x + y) at 64M elements (~0.2 ms, bound by memory): eager's own time plus the
     candidate's calls less the yardstick's through the same worker, within 15 % of Triton's do_bench
