@@ -24,13 +24,11 @@ judged) is its order, which must be seen whole.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import secrets
 import shutil
 import socket
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,8 +59,7 @@ from kernel_env.evaluators.child.protocol import (
     SetupAnswer,
 )
 from kernel_env.evaluators.children import Child, ChildError, CommandFailed
-from kernel_env.evaluators.forkserver import zygote_for
-from kernel_env.evaluators.job import SPARES, Job, JobFailed, job_env, lost_with_its_server
+from kernel_env.evaluators.job import SPARES, Job, JobFailed, lost_with_its_server
 from kernel_env.evaluators.module_rules import read_untrusted
 from kernel_env.evaluators.records import EvalJob, EvalResult, EvalSettings, Mode, Timing, TrialReport
 from kernel_env.evaluators.reward import close_calls
@@ -139,19 +136,6 @@ def measure_baselines(task_id: str, task_code: str, *, device: str = "cpu", base
     finally:
         jb.finish()
     return result
-
-
-def prepare(device: str, language: str) -> None:
-    """Start, in the background, the fork server that the children of jobs on ``device`` ("cpu",
-    "cuda:N") for ``language`` are forked from (its imports of torch and Triton: 3 s of a core on
-    a 2-core machine, more on a loaded one), so that an episode's first evaluation does not wait for
-    it: an episode asks as it opens, while the agent works or the first build runs. A server that
-    cannot start is left to the job that needs it, which reports why."""
-    def start() -> None:
-        with contextlib.suppress(Exception):
-            zygote_for(job_env(device, language), gpu=device.startswith("cuda"))
-
-    threading.Thread(target=start, name="kernel_env-fork-server", daemon=True).start()
 
 
 def reserve_spares(per_role: int) -> None:
@@ -391,7 +375,7 @@ class _Script:
         worker.quota = (_JOB_FOLDER_FLOOR + _JOB_FOLDER_MULTIPLE * _folder_bytes(cand_dir), _JOB_FOLDER_FILES)
         # On a GPU the load ends with a first forward (worker.Worker._first_forward): a trial's worth.
         loaded = jb.ask(worker, self.load(worker, "candidate"), LoadAnswer, "loading ModelNew",
-                        timeout=jb.bound("judge: Setup", "judge: RefInit", result.steps_s.get("judge: RefTrials", 0.0) / s.trials))
+                        timeout=jb.bound("judge: Setup", "judge: RefInit", result.steps_s.get("judge: RefTrials", 0.0) / max(1, s.trials)))
         if loaded.error:
             jb.fail(loaded.error, log=worker.log_tail())
         if loaded.shape_mismatch:

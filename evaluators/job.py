@@ -39,16 +39,6 @@ _SERVER_END_GRACE_S = 1.0
 _WORKER_AFTER_JUDGE_S = 30.0
 
 
-def job_env(device: str, language: str) -> dict[str, str]:
-    """The environment of a job's children on ``device`` ("cpu", "cuda:N") for ``language``: the one
-    GPU they see, and Triton's interpreter for Triton on the CPU."""
-    gpu = device.startswith("cuda")
-    env = {"CUDA_VISIBLE_DEVICES": device.split(":")[1] if gpu else ""}
-    if not gpu and language == "triton":
-        env["TRITON_INTERPRET"] = "1"
-    return env
-
-
 class JobFailed(Exception):
     """Ends a job early with a result already filled in."""
 
@@ -63,8 +53,10 @@ class Job:
         self.language = get_language(job.language)
         self.timed = job.mode.value in ("profile", "final")
         self.gpu = device.startswith("cuda")
-        self.env = job_env(device, self.language.name)
-        self.interpreted = "TRITON_INTERPRET" in self.env
+        self.env = {"CUDA_VISIBLE_DEVICES": device.split(":")[1] if self.gpu else ""}
+        self.interpreted = not self.gpu and self.language.name == "triton"
+        if self.interpreted:
+            self.env["TRITON_INTERPRET"] = "1"
         self.child_device = "cuda:0" if self.gpu else "cpu"
         self.warm = warm_children(self.gpu)
         #: Whether anything of the candidate's has reached a process of this job (see ``fail``).

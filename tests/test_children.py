@@ -13,7 +13,6 @@ import shutil
 import socket
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -199,27 +198,3 @@ def test_a_dead_fork_server_is_started_again():
     facts = probe("""facts["pid"] = os.getpid()""")
     assert facts == {"pid": 1}
     assert forkserver.zygote_for(ENV, gpu=False) is not zygote
-
-
-def test_an_episode_starts_its_fork_server_as_it_opens(tmp_path):
-    """Its first evaluation then waits for none of the server's imports (3 s of a core on 2 cores):
-    Episode.open asks its pool to prepare (LocalPool.prepare, through the CLI's observing wrapper
-    too), and the server starts in the background, with no job submitted."""
-    from kernel_env.cli.common import ObservedPool
-    from kernel_env.runtime.episode import Episode
-    from kernel_env.runtime.pool import LocalPool
-    from kernel_env.tasks import resolve_task
-
-    dead = forkserver.zygote_for(ENV, gpu=False)
-    dead.proc.kill()
-    dead.proc.wait()
-    submitted = []
-    with LocalPool(["cpu"]) as pool, Episode.open(resolve_task("example/relu_add"), language="cpp", device="cpu",
-                                                   pool=ObservedPool(pool, submitted.append), root=tmp_path):
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            server = forkserver._zygotes.get(((), False, ()))  # this kind's: ENV less CUDA_VISIBLE_DEVICES, no GPU
-            if server is not dead and server is not None and server.alive():
-                break
-            time.sleep(0.05)
-    assert server is not dead and server.alive() and not submitted, (server, submitted)

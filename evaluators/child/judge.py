@@ -26,8 +26,8 @@ import fcntl
 import os
 import secrets
 import socket
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -64,8 +64,8 @@ _HOST_WAIT_AGAIN_S = 0.01
 #: A worker keeps the device buffers of every layout it was sent while they take less than this; past
 #: it (a big task's trial variants: 13 GB a layout on KernelBench level 1) the earlier ones are released.
 _LAYOUT_BYTES = 1 << 30
-#: (The CPU.) A timed call of at most this many bytes (inputs and outputs) is compared beside the next
-#: call's making (``Judge._beside``): the judge then holds two calls' tensors at once.
+#: (The CPU.) A timed call is compared beside the next call's making (``Judge._beside``) where what is
+#: then alive at once (two calls' inputs, answers, copies of the answer and outputs) takes at most this.
 _BESIDE_BYTES = 1 << 30
 
 
@@ -103,7 +103,6 @@ class Judge:
         self._flush_bytes = 0
         self._loopback: tuple | None = None  # (the CPU) a socket of the judge's own, for ``_own_share``
         self._last_layout: _Layout | None = None
-        self._comparer: ThreadPoolExecutor | None = None  # (the CPU) ``_beside``
         if self.cuda:
             # Held through each call: another job's timing run freezes this job between calls, never inside
             # one, where the two processes' streams wait on each other (evaluators/sharing.py).
@@ -196,53 +195,57 @@ class Judge:
         checked = set(secrets.SystemRandom().sample(range(req.calls), min(req.checked, req.calls)))
         # One checked call also under the precision contract: the worker cannot tell which (nor a trial from it).
         contracted = secrets.choice(sorted(checked)) if checked else -1
-        pending = None  # (the CPU) the last call: its record, and its comparison running on the judge's helper thread
+        pending: _Beside | None = None  # (the CPU) the last call, compared on a thread of the judge's meanwhile
         for index in range(req.calls):
             check = index in checked
-            staging = self.reference.make_inputs(secrets.randbits(31))
-            expected = self.reference.run(staging, precise=check)
-            if pending is not None:  # compared while this call's inputs and answer were made: done before its clock
-                if not self._compared(*pending, req, records):
+            try:
+                staging = self.reference.make_inputs(secrets.randbits(31))
+                expected = self.reference.run(staging, precise=check)
+            except BaseException:
+                if pending is not None and not self._compared(pending, req, records):
+                    return records  # the last call's wrong answer is the verdict, not what failed after it
+                raise
+            if pending is not None:  # compared while this call's inputs and answer were made; over before its clock
+                correct, pending = self._compared(pending, req, records), None
+                if not correct:
                     return records
-                pending = None
             if check and index != contracted and self._beside(staging, expected):
-                record, got = self._call("timed", staging, expected)
-                pending = record, self._comparer.submit(_verdict, index, expected, got, req.atol, req.rtol)
-                records.append(record)
+                pending = _Beside(self._call("timed", staging, expected), expected, index, req)
+                records.append(pending.record)
+                del staging, expected
                 continue
             if check:
                 record = self._judged_call("timed", staging, expected, req, trial=index,
                                            contract="as_is" if index == contracted else None)
             else:
-                record, _ = self._call("timed", staging, expected)
+                record = self._call("timed", staging, expected)[0]
+            del staging, expected  # one call's tensors alive at a time (a big task's fill the device)
             records.append(record)
             if record.verdict is not None and not record.verdict.correct:
                 break
             if req.own_share and not self.cuda:
                 records.append(self._own_share(self._last_layout))
         if pending is not None:
-            self._compared(*pending, req, records)
+            self._compared(pending, req, records)
         return records
 
     def _beside(self, staging: list, expected: tuple) -> bool:
-        """(The CPU.) Whether this call is compared on the judge's helper thread, beside the making of the
-        next call's inputs and of the reference's answer to them: on the CPU each is a pass over a call's
-        bytes on one core, and the two were 28 % and 35 % of the judge's time in a timing run (relu(x + y)
-        at 4M elements, 2 cores). Never on a GPU, where the comparison is the device's; and a call of
-        more than ``_BESIDE_BYTES`` is compared before the next is made, as one call's tensors alone fit."""
+        """(The CPU.) Whether this call is compared on a thread of the judge's (``_Beside``), beside the
+        making of the next call's inputs and of the reference's answer to them: on the CPU each is a pass
+        over a call's bytes on one core, and they were 28 % and 35 % of the judge's time in a timing run
+        (relu(x + y) at 4M elements, 2 cores). Never on a GPU, where the comparison is the device's; nor
+        for a call of more than ``_BESIDE_BYTES`` (its inputs, and its answer, the copy of it compared and
+        the worker's outputs, two calls' of those alive at once)."""
         if self.cuda:
             return False
-        tensors = [x for x in staging if isinstance(x, torch.Tensor)] + [t for t in expected[1] if isinstance(t, torch.Tensor)]
-        if sum(t.nbytes for t in tensors) > _BESIDE_BYTES:
-            return False
-        if self._comparer is None:
-            self._comparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge-compare")
-        return True
+        outputs = [t for t in [*expected[1], *(expected[2] or ())] if isinstance(t, torch.Tensor)]
+        inputs = [x for x in staging if isinstance(x, torch.Tensor)]
+        return 2 * (sum(t.nbytes for t in inputs) + 3 * sum(t.nbytes for t in outputs)) <= _BESIDE_BYTES
 
-    def _compared(self, record: CallRecord, verdict, req: Drive, records: list[CallRecord]) -> bool:
-        """The call's verdict, once its comparison is over (the helper thread idle again, before any clock
-        starts), and the judge's own share measured after it where the phase asks; whether it was correct."""
-        record.verdict = verdict.result()
+    def _compared(self, pending: _Beside, req: Drive, records: list[CallRecord]) -> bool:
+        """The call's verdict, once its comparison has ended (its thread joined: what it compared is freed
+        by then), and the judge's own share measured after it where the phase asks; whether it was correct."""
+        record = pending.joined()
         if not record.verdict.correct:
             return False
         if req.own_share:
@@ -561,6 +564,42 @@ class Judge:
 
 class _WorkerRaised(Exception):
     """The worker's forward raised, or returned something that is not plain tensors (its words)."""
+
+
+class _Beside:
+    """(The CPU.) A timed call's comparison, on a thread of its own while the judge makes the next call
+    (``Judge._beside``). It compares a copy of the reference's answer, made before the next answer is
+    (a Model may answer in a tensor of its own, the same every call, which that run would overwrite),
+    with the worker's outputs as sealed. Only the thread holds those, and it frees them before it ends
+    (``Thread.run`` drops its arguments): ``joined``, which waits for that end, returns with them freed,
+    before the next call's clock starts."""
+
+    def __init__(self, called: tuple, expected: tuple, index: int, req: Drive):
+        self.record, got = called
+        sequence, outputs, precise = expected
+        answer = (sequence, _copies(outputs), _copies(precise) if precise is not None else None)
+        self._verdict: TrialVerdict | BaseException | None = None
+        self._thread = threading.Thread(target=self._compare, args=(index, answer, got, req.atol, req.rtol),
+                                        name="judge-compare", daemon=True)
+        self._thread.start()
+
+    def _compare(self, index: int, answer: tuple, got: tuple, atol: float, rtol: float) -> None:
+        try:
+            self._verdict = _verdict(index, answer, got, atol, rtol)
+        except BaseException as exc:  # raised in the judge's own thread by ``joined``
+            self._verdict = exc
+
+    def joined(self) -> CallRecord:
+        self._thread.join()
+        verdict, self._verdict = self._verdict, None
+        if isinstance(verdict, BaseException):
+            raise verdict
+        self.record.verdict = verdict
+        return self.record
+
+
+def _copies(values: list) -> list:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in values]
 
 
 def _verdict(trial: int, expected: tuple, got: tuple, atol: float, rtol: float) -> TrialVerdict:

@@ -155,6 +155,7 @@ class Worker:
         kept: the trials decide, and a forward that fails here fails there with its own message.
         Returns None, or the error where the device faulted (this process's context is lost)."""
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        inputs = None
         try:
             with torch.device(self.device):
                 inputs = self.task["get_inputs"]()
@@ -166,10 +167,13 @@ class Worker:
                     self.model(*inputs)
         except BaseException:  # the trials meet it again, and report it
             pass
+        del inputs
         try:
             torch.cuda.synchronize(self.device)
         except BaseException as exc:
-            return trimmed("ModelNew.forward (on the device, a first call before the trials)", exc)
+            model = "ModelNew" if self.audit else "the task's Model"
+            return trimmed(f"{model}.forward (on the device, a first call before any of the judge's)", exc)
+        torch.cuda.empty_cache()  # its inputs and outputs: the device's again, for the judge's call buffers
         return None
 
     def _candidate(self, snapshot: Path, init: list, init_seed: int):

@@ -320,10 +320,6 @@ class ObservedPool:
         self.on_job(job)
         return self.pool.submit(job)
 
-    def prepare(self, device: str, language: str) -> None:
-        if hasattr(self.pool, "prepare"):
-            self.pool.prepare(device, language)
-
     def close(self) -> None:
         pass
 

@@ -146,10 +146,7 @@ class Episode:
         allow_many_open_files()
         checks = settings or EvalSettings()
         workspace = Workspace.create(task, lang, root=root, checks=Checks(checks.trials, checks.atol, checks.rtol, checks.speedup_margin))
-        pool = pool or default_pool()
-        if hasattr(pool, "prepare"):  # the evaluations' processes get ready while the agent works
-            pool.prepare(device, language)
-        broker = Broker(pool, device=device, settings=settings)
+        broker = Broker(pool or default_pool(), device=device, settings=settings)
         try:
             broker_dir = broker.serve(workspace)
             box = make_sandbox(sandbox, workspace, broker_dir=broker_dir, **(sandbox_options or {}))

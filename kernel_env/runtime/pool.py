@@ -33,7 +33,7 @@ from typing import Protocol
 
 from kernel_env import config
 from kernel_env.evaluators.baselines import BaselineCache
-from kernel_env.evaluators.harness import evaluate, prepare, reserve_spares
+from kernel_env.evaluators.harness import evaluate, reserve_spares
 from kernel_env.evaluators.records import EvalJob, EvalResult
 from kernel_env.evaluators.sharing import DeviceLease
 from kernel_env.evaluators.verdict import failed
@@ -49,9 +49,6 @@ class GpuPool(Protocol):
 
     def close(self) -> None:
         """Finish running jobs, answer queued ones with an error, stop the workers."""
-
-    # Optional: ``prepare(device, language)`` makes ready, in the background, what jobs for ``device``
-    # ("cpu", "cuda") and ``language`` will need; an episode calls it as it opens, where a pool has it.
 
 
 def visible_gpus() -> list[str]:
@@ -106,9 +103,6 @@ class _QueuedPool(ABC):
         for thread in self._threads:
             thread.join(timeout=1)
 
-    def prepare(self, device: str, language: str) -> None:
-        """Nothing to make ready ahead (``LocalPool``'s starts its fork server)."""
-
     def __enter__(self):
         return self
 
@@ -161,12 +155,6 @@ class LocalPool(_QueuedPool):
     @property
     def has_gpu(self) -> bool:
         return any(d.startswith("cuda") for d in self.devices)
-
-    def prepare(self, device: str, language: str) -> None:
-        """Start the fork server of this device's jobs for ``language`` (``harness.prepare``)."""
-        on = next((d for d in self.devices if d.startswith("cuda")), None) if device == "cuda" else "cpu"
-        if on is not None:
-            prepare(on, language)
 
     def lease_accounts(self) -> dict[str, dict[str, float]]:
         """How each shared device's lease has spent its time, by state (a device of one slot has none)."""
