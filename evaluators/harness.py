@@ -374,8 +374,9 @@ class _Script:
         # host's disk is ended, as its own fault.
         worker.quota = (_JOB_FOLDER_FLOOR + _JOB_FOLDER_MULTIPLE * _folder_bytes(cand_dir), _JOB_FOLDER_FILES)
         # On a GPU the load ends with a first forward (worker.Worker._first_forward): a trial's worth.
+        per_trial = result.steps_s.get("judge: RefTrials", 0.0) / max(1, s.trials)
         loaded = jb.ask(worker, self.load(worker, "candidate"), LoadAnswer, "loading ModelNew",
-                        timeout=jb.bound("judge: Setup", "judge: RefInit", result.steps_s.get("judge: RefTrials", 0.0) / max(1, s.trials)))
+                        timeout=jb.bound("judge: Setup", "judge: RefInit", per_trial))
         if loaded.error:
             jb.fail(loaded.error, log=worker.log_tail())
         if loaded.shape_mismatch:

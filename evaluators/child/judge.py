@@ -150,7 +150,7 @@ class Judge:
             if req.phase == "trials":
                 answer.calls = self._trials(req)
             elif req.phase == "warmup":
-                answer.calls = [self._timed_call("warmup", req, check=False) for _ in range(req.calls)]
+                answer.calls = [self._warmup_call() for _ in range(req.calls)]
             else:
                 answer.calls = self._time(req)
         except WorkerFailed as exc:
@@ -202,14 +202,14 @@ class Judge:
                 staging = self.reference.make_inputs(secrets.randbits(31))
                 expected = self.reference.run(staging, precise=check)
             except BaseException:
-                if pending is not None and not self._compared(pending, req, records):
+                if pending is not None and not pending.joined().verdict.correct:
                     return records  # the last call's wrong answer is the verdict, not what failed after it
                 raise
             if pending is not None:  # compared while this call's inputs and answer were made; over before its clock
-                correct, pending = self._compared(pending, req, records), None
+                correct, pending = pending.joined().verdict.correct, None
                 if not correct:
                     return records
-            if check and index != contracted and self._beside(staging, expected):
+            if check and index != contracted and self._beside(req, staging, expected):
                 pending = _Beside(self._call("timed", staging, expected), expected, index, req)
                 records.append(pending.record)
                 del staging, expected
@@ -226,31 +226,22 @@ class Judge:
             if req.own_share and not self.cuda:
                 records.append(self._own_share(self._last_layout))
         if pending is not None:
-            self._compared(pending, req, records)
+            pending.joined()
         return records
 
-    def _beside(self, staging: list, expected: tuple) -> bool:
+    def _beside(self, req: Drive, staging: list, expected: tuple) -> bool:
         """(The CPU.) Whether this call is compared on a thread of the judge's (``_Beside``), beside the
         making of the next call's inputs and of the reference's answer to them: on the CPU each is a pass
         over a call's bytes on one core, and they were 28 % and 35 % of the judge's time in a timing run
-        (relu(x + y) at 4M elements, 2 cores). Never on a GPU, where the comparison is the device's; nor
-        for a call of more than ``_BESIDE_BYTES`` (its inputs, and its answer, the copy of it compared and
-        the worker's outputs, two calls' of those alive at once)."""
-        if self.cuda:
+        (relu(x + y) at 4M elements, 2 cores). Never on a GPU, where the comparison is the device's, nor in a
+        phase that measures the judge's own share after each call (``_time``); nor for a call of more than
+        ``_BESIDE_BYTES`` (its inputs, and its answer, the copy of it compared and the worker's outputs,
+        two calls' of those alive at once)."""
+        if self.cuda or req.own_share:
             return False
         outputs = [t for t in [*expected[1], *(expected[2] or ())] if isinstance(t, torch.Tensor)]
         inputs = [x for x in staging if isinstance(x, torch.Tensor)]
         return 2 * (sum(t.nbytes for t in inputs) + 3 * sum(t.nbytes for t in outputs)) <= _BESIDE_BYTES
-
-    def _compared(self, pending: _Beside, req: Drive, records: list[CallRecord]) -> bool:
-        """The call's verdict, once its comparison has ended (its thread joined: what it compared is freed
-        by then), and the judge's own share measured after it where the phase asks; whether it was correct."""
-        record = pending.joined()
-        if not record.verdict.correct:
-            return False
-        if req.own_share:
-            records.append(self._own_share(self._last_layout))
-        return True
 
     def _own_share(self, layout: _Layout) -> CallRecord:
         """(The CPU.) What ``_call_cpu``'s clock holds but the worker's part: a ``Go`` sent with a memfd, a
@@ -279,14 +270,10 @@ class Judge:
             os.close(fd)  # (the Go's and the Spill's, sent to nobody)
         return CallRecord(k=k, kind="share", time_ms=raw_ms)
 
-    def _timed_call(self, kind: str, req: Drive | None, *, check: bool, k_index: int = 0,
-                    contract: str | None = None) -> CallRecord:
+    def _warmup_call(self) -> CallRecord:
+        """A call on fresh inputs, neither timed nor compared (the warm-up before a timing run)."""
         staging = self.reference.make_inputs(secrets.randbits(31))
-        expected = self.reference.run(staging, precise=check)
-        if check:
-            return self._judged_call(kind, staging, expected, req, trial=k_index, contract=contract)
-        record, _ = self._call(kind, staging, expected)
-        return record
+        return self._call("warmup", staging, self.reference.run(staging, precise=False))[0]
 
     def _judged_call(self, kind: str, staging: list, expected: tuple, req: Drive, *, trial: int,
                      contract: str | None = None) -> CallRecord:

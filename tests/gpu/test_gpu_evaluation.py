@@ -127,7 +127,10 @@ def test_a_slow_first_forward_runs_in_the_load_and_no_call_holds_it(pool, tmp_pa
     sleep) is made in the worker's load, on inputs of its own (``worker.Worker._first_forward``):
     each of the judge's calls holds its calls lock, which every other job's timing run waits for, so
     no call may carry it. The candidate is judged as ever, on the judge's trials."""
-    first_forward_s = 2.0  # solutions/slow_first_forward.py's sleep
+    spec = importlib.util.spec_from_file_location("slow_first_forward", SOLUTIONS / "slow_first_forward.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    first_forward_s = module.FIRST_FORWARD_S
     result = _evaluate(pool, RELU_ADD_1M, _triton_solution(tmp_path, "slow_first_forward"), mode=Mode.VERIFY)
     assert result.correct and not result.violations, result.summary()
     assert result.steps_s["worker: Load"] >= first_forward_s, result.steps_s
